@@ -1,0 +1,1 @@
+"""Django project wiring for cleat: settings, URLs, Celery app, WSGI/ASGI."""

@@ -1,0 +1,135 @@
+"""Settings for cleat, read from the environment with django-environ.
+
+Nothing needs to be set for the embedded default: SQLite in the project folder, one
+worker, DEBUG off unless asked for. ``DATABASE_URL`` switches to PostgreSQL
+(``postgres://...``), MySQL/MariaDB (``mysql://...``) or SQL Server (``mssql://...``).
+Every engine knob is a ``CLEAT_*`` variable; ``workflows.conf.cleat_settings()`` gathers
+them into one typed, validated object.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import environ
+from django.core.exceptions import ImproperlyConfigured
+
+BASE_DIR = Path(__file__).resolve().parent.parent
+
+env = environ.Env()
+_dotenv = BASE_DIR / ".env"
+if _dotenv.is_file():
+    environ.Env.read_env(_dotenv)
+
+DEBUG = env.bool("DEBUG", default=False)
+
+# A fixed development key is only acceptable while DEBUG is on; a production deployment
+# that forgot SECRET_KEY must fail at start-up, not sign sessions with a public key.
+_DEV_SECRET_KEY = "cleat-insecure-development-key-do-not-use-in-production"
+SECRET_KEY = env.str("SECRET_KEY", default=_DEV_SECRET_KEY if DEBUG else "")
+if not SECRET_KEY:
+    raise ImproperlyConfigured("SECRET_KEY must be set when DEBUG is off")
+
+ALLOWED_HOSTS = env.list("ALLOWED_HOSTS", default=["localhost", "127.0.0.1", "[::1]"])
+
+INSTALLED_APPS = [
+    "django.contrib.admin",
+    "django.contrib.auth",
+    "django.contrib.contenttypes",
+    "django.contrib.sessions",
+    "django.contrib.messages",
+    "django.contrib.staticfiles",
+    "rest_framework",
+    "workflows",
+    "schedules",
+]
+
+MIDDLEWARE = [
+    "django.middleware.security.SecurityMiddleware",
+    "django.contrib.sessions.middleware.SessionMiddleware",
+    "django.middleware.common.CommonMiddleware",
+    "django.middleware.csrf.CsrfViewMiddleware",
+    "django.contrib.auth.middleware.AuthenticationMiddleware",
+    "django.contrib.messages.middleware.MessageMiddleware",
+    "django.middleware.clickjacking.XFrameOptionsMiddleware",
+]
+
+ROOT_URLCONF = "cleat_project.urls"
+
+TEMPLATES = [
+    {
+        "BACKEND": "django.template.backends.django.DjangoTemplates",
+        "DIRS": [BASE_DIR / "templates"],
+        "APP_DIRS": True,
+        "OPTIONS": {
+            "context_processors": [
+                "django.template.context_processors.request",
+                "django.contrib.auth.context_processors.auth",
+                "django.contrib.messages.context_processors.messages",
+            ],
+        },
+    },
+]
+
+WSGI_APPLICATION = "cleat_project.wsgi.application"
+ASGI_APPLICATION = "cleat_project.asgi.application"
+
+DATABASES = {
+    "default": env.db("DATABASE_URL", default=f"sqlite:///{BASE_DIR / 'db.sqlite3'}"),
+}
+
+DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
+
+AUTH_PASSWORD_VALIDATORS = [
+    {"NAME": "django.contrib.auth.password_validation.UserAttributeSimilarityValidator"},
+    {"NAME": "django.contrib.auth.password_validation.MinimumLengthValidator"},
+    {"NAME": "django.contrib.auth.password_validation.CommonPasswordValidator"},
+    {"NAME": "django.contrib.auth.password_validation.NumericPasswordValidator"},
+]
+
+LANGUAGE_CODE = "en-us"
+TIME_ZONE = env.str("TIME_ZONE", default="UTC")
+USE_I18N = True
+USE_TZ = True
+
+STATIC_URL = "static/"
+STATIC_ROOT = env.path("STATIC_ROOT", default=BASE_DIR / "staticfiles")
+
+LOGGING = {
+    "version": 1,
+    "disable_existing_loggers": False,
+    "formatters": {
+        "plain": {"format": "%(asctime)s %(levelname)s %(name)s %(message)s"},
+    },
+    "handlers": {"console": {"class": "logging.StreamHandler", "formatter": "plain"}},
+    "loggers": {
+        "cleat": {"handlers": ["console"], "level": env.str("CLEAT_LOG_LEVEL", default="INFO")},
+    },
+}
+
+# --- cleat -------------------------------------------------------------------------------
+# Limits of one execution segment (ABI.md section 5). Defaults are the ABI's.
+CLEAT_MEMORY_LIMIT_BYTES = env.int("CLEAT_MEMORY_LIMIT_BYTES", default=32 * 1024 * 1024)
+CLEAT_MAX_STRING_BYTES = env.int("CLEAT_MAX_STRING_BYTES", default=1024 * 1024)
+CLEAT_SEGMENT_TIMEOUT_SECONDS = env.float("CLEAT_SEGMENT_TIMEOUT_SECONDS", default=30.0)
+CLEAT_FUEL = env.int("CLEAT_FUEL", default=0)  # 0: instruction metering off
+CLEAT_MAX_INSTANCES = env.int("CLEAT_MAX_INSTANCES", default=256)
+CLEAT_MAX_TABLE_ELEMENTS = env.int("CLEAT_MAX_TABLE_ELEMENTS", default=8 * 1024 * 1024)
+CLEAT_MAX_HISTORY_EVENTS = env.int("CLEAT_MAX_HISTORY_EVENTS", default=100_000)
+# Compiled-module caches: in memory (entries) and on disk (serialized artifacts).
+CLEAT_MODULE_CACHE_SIZE = env.int("CLEAT_MODULE_CACHE_SIZE", default=64)
+CLEAT_MODULE_CACHE_DIR = env.str(
+    "CLEAT_MODULE_CACHE_DIR", default=str(Path.home() / ".cache" / "cleat" / "modules")
+)
+# Services that durable_call reaches: {"service": "dotted.path"} for Python functions,
+# {"service": "https://base.url/"} for HTTP services.
+CLEAT_SERVICES = env.json("CLEAT_SERVICES", default={})
+# "service.operation" strings that record a write-ahead intent before dispatch.
+CLEAT_WRITE_AHEAD_OPS = env.list("CLEAT_WRITE_AHEAD_OPS", default=[])
+# {"service": "dotted.path"}: asked what happened to a call whose outcome a crash lost.
+CLEAT_AMBIGUITY_RESOLVERS = env.json("CLEAT_AMBIGUITY_RESOLVERS", default={})
+# URL prefixes fetch() may reach; private and loopback addresses need the second switch.
+CLEAT_FETCH_ALLOW = env.list("CLEAT_FETCH_ALLOW", default=[])
+CLEAT_FETCH_ALLOW_PRIVATE = env.bool("CLEAT_FETCH_ALLOW_PRIVATE", default=False)
+# {"plugin": "dotted.path"}: host plugins reachable through plugin_call.
+CLEAT_PLUGINS = env.json("CLEAT_PLUGINS", default={})

@@ -1,0 +1,115 @@
+#!/usr/bin/env python3
+"""Set up and run cleat from a fresh checkout. Needs only Python 3.11+.
+
+    python3 dev.py up      # venv + deps, migrate, demo workflow, then admin + worker
+    python3 dev.py test    # venv + dev deps, services, ruff, mypy, the whole test suite
+
+Each command is idempotent: the virtual environment lives in ``.venv`` and is only
+re-installed when a requirements file changes.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import os
+import subprocess
+import sys
+import venv
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent
+VENV = Path(os.environ.get("CLEAT_VENV", ROOT / ".venv"))
+PY = VENV / "bin" / "python"
+
+
+def say(msg: str) -> None:
+    print(f"==> {msg}", flush=True)
+
+
+def run(cmd: list[str | Path], *, env: dict[str, str] | None = None, check: bool = True) -> int:
+    merged = {**os.environ, **(env or {})}
+    proc = subprocess.run([str(c) for c in cmd], cwd=ROOT, env=merged)
+    if check and proc.returncode != 0:
+        sys.exit(f"command failed ({proc.returncode}): {' '.join(str(c) for c in cmd)}")
+    return proc.returncode
+
+
+def ensure_venv(requirements: list[str]) -> None:
+    """Create ``.venv`` and install ``requirements`` unless they are already installed."""
+    if not PY.exists():
+        say(f"creating virtual environment in {VENV}")
+        venv.create(VENV, with_pip=True)
+    digest = hashlib.sha256()
+    for name in requirements:
+        for req in _with_includes(ROOT / name):
+            digest.update(req.read_bytes())
+    stamp = VENV / f".cleat-{'-'.join(Path(r).stem for r in requirements)}"
+    if stamp.exists() and stamp.read_text() == digest.hexdigest():
+        return
+    say(f"installing {', '.join(requirements)}")
+    args: list[str | Path] = [PY, "-m", "pip", "install", "--quiet", "--disable-pip-version-check"]
+    for name in requirements:
+        args += ["-r", ROOT / name]
+    run(args)
+    stamp.write_text(digest.hexdigest())
+
+
+def _with_includes(path: Path) -> list[Path]:
+    found = [path]
+    for line in path.read_text().splitlines():
+        if line.startswith("-r "):
+            found += _with_includes(path.parent / line[3:].strip())
+    return found
+
+
+def cmd_up(args: argparse.Namespace) -> None:
+    ensure_venv(["requirements.txt"])
+    env = {"DEBUG": os.environ.get("DEBUG", "1")}
+    say("applying migrations (SQLite in the project folder unless DATABASE_URL is set)")
+    run([PY, "manage.py", "migrate", "--noinput"], env=env)
+    say("running the demo workflow")
+    run([PY, "manage.py", "demo"], env=env)
+    if args.no_serve:
+        return
+    say(f"admin at http://127.0.0.1:{args.port}/admin/  (Ctrl-C stops)")
+    run([PY, "manage.py", "runserver", f"127.0.0.1:{args.port}"], env=env, check=False)
+
+
+def cmd_test(args: argparse.Namespace) -> None:
+    ensure_venv(["requirements-dev.txt"])
+    failures: list[str] = []
+
+    def step(name: str, cmd: list[str | Path], env: dict[str, str] | None = None) -> None:
+        say(name)
+        if run(cmd, env=env, check=False) != 0:
+            failures.append(name)
+
+    if not args.pytest_args:
+        step("ruff check", [PY, "-m", "ruff", "check", "."])
+        step("ruff format --check", [PY, "-m", "ruff", "format", "--check", "."])
+        step("mypy engine/", [PY, "-m", "mypy"])
+    step("pytest", [PY, "-m", "pytest", *args.pytest_args])
+    if failures:
+        sys.exit(f"FAILED: {', '.join(failures)}")
+    say("all checks passed")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawTextHelpFormatter
+    )
+    sub = parser.add_subparsers(dest="command", required=True)
+    up = sub.add_parser("up", help="set up, migrate, run the demo, then serve the admin")
+    up.add_argument("--no-serve", action="store_true", help="stop after the demo workflow")
+    up.add_argument("--port", type=int, default=8000)
+    up.set_defaults(func=cmd_up)
+    test = sub.add_parser("test", help="set up and run lint, type checks and all tests")
+    test.add_argument("pytest_args", nargs="*", help="passed to pytest (skips lint when given)")
+    test.set_defaults(func=cmd_test)
+    args = parser.parse_args()
+    args.func(args)
+
+
+if __name__ == "__main__":
+    main()

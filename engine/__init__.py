@@ -1,0 +1,73 @@
+"""cleat's framework-free engine: the wasmtime host for guest ABI v1, deterministic
+record/replay, event history and its codec, storage protocols and an in-memory storage.
+
+Never imports Django. See ``docs/architecture.md``.
+"""
+
+from engine.config import EngineConfig
+from engine.determinism import idempotency_key
+from engine.errors import (
+    EngineError,
+    ErrorCode,
+    FenceLost,
+    GuestFault,
+    InvalidModule,
+    NondeterminismError,
+    PermanentError,
+    Refused,
+    StorageError,
+    UnsupportedAbiVersion,
+)
+from engine.events import EncodedEvent, Event, EventType
+from engine.runtime import LoadedModule, ModuleInfo, WasmRuntime, detect_kind
+from engine.services import CallContext, CallResult, Services
+from engine.session import (
+    Completed,
+    ContinuedAsNew,
+    Failed,
+    Outcome,
+    RunInfo,
+    SegmentResult,
+    Suspended,
+    WaitCondition,
+    WaitKind,
+)
+from engine.status import Status
+from engine.storage import RunRef, WorkflowStorage
+
+__all__ = [
+    "CallContext",
+    "CallResult",
+    "Completed",
+    "ContinuedAsNew",
+    "EncodedEvent",
+    "EngineConfig",
+    "EngineError",
+    "ErrorCode",
+    "Event",
+    "EventType",
+    "Failed",
+    "FenceLost",
+    "GuestFault",
+    "InvalidModule",
+    "LoadedModule",
+    "ModuleInfo",
+    "NondeterminismError",
+    "Outcome",
+    "PermanentError",
+    "Refused",
+    "RunInfo",
+    "RunRef",
+    "SegmentResult",
+    "Services",
+    "Status",
+    "StorageError",
+    "Suspended",
+    "UnsupportedAbiVersion",
+    "WaitCondition",
+    "WaitKind",
+    "WasmRuntime",
+    "WorkflowStorage",
+    "detect_kind",
+    "idempotency_key",
+]

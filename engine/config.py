@@ -1,0 +1,61 @@
+"""Engine configuration: limits of one execution segment and the runtime's knobs.
+
+Framework-free: the Django side builds one from ``CLEAT_*`` settings
+(``workflows.conf``); tests build their own.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+
+MIB = 1024 * 1024
+WASM_PAGE = 64 * 1024
+
+
+@dataclass(frozen=True, slots=True)
+class EngineConfig:
+    """Limits and runtime settings. Defaults are those of ABI.md section 5."""
+
+    memory_limit_bytes: int = 32 * MIB
+    max_string_bytes: int = 1 * MIB
+    segment_timeout_s: float = 30.0
+    fuel: int = 0  # instructions per segment; 0 switches metering off
+    max_instances: int = 256
+    max_tables: int = 64
+    max_table_elements: int = 8 * 1024 * 1024
+    # A run whose history reaches this many events continues as new automatically.
+    max_history_events: int = 100_000
+    # Epoch ticker period: the deadline is enforced to within one tick.
+    epoch_tick_s: float = 0.01
+    module_cache_size: int = 64
+    module_cache_dir: Path | None = None
+    # Check each replayed event's checksum against its content.
+    verify_checksums: bool = True
+    # "service.operation" calls that record a write-ahead intent before dispatch.
+    write_ahead_ops: frozenset[str] = field(default_factory=frozenset)
+
+    def __post_init__(self) -> None:
+        problems = []
+        if self.memory_limit_bytes < WASM_PAGE:
+            problems.append("memory_limit_bytes must be at least one 64 KiB page")
+        if self.max_string_bytes < 1:
+            problems.append("max_string_bytes must be positive")
+        if self.segment_timeout_s <= 0:
+            problems.append("segment_timeout_s must be positive")
+        if self.fuel < 0:
+            problems.append("fuel must be 0 (off) or positive")
+        if self.epoch_tick_s <= 0 or self.epoch_tick_s > self.segment_timeout_s:
+            problems.append("epoch_tick_s must be positive and below segment_timeout_s")
+        if self.max_history_events < 10:
+            problems.append("max_history_events must be at least 10")
+        if problems:
+            raise ValueError("invalid engine configuration: " + "; ".join(problems))
+
+    @property
+    def deadline_ticks(self) -> int:
+        return max(1, round(self.segment_timeout_s / self.epoch_tick_s))
+
+    def fingerprint(self) -> str:
+        """The part of the configuration that changes compiled code (disk-cache key)."""
+        return f"epoch1-fuel{int(self.fuel > 0)}"

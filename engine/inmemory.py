@@ -1,0 +1,578 @@
+"""In-memory implementation of every storage protocol, with the lifecycle a worker applies.
+
+Used by the engine's tests and by :mod:`engine.testing`, the helper workflow authors run
+their unit tests with. It keeps the same rules as the database store: fenced writes,
+histories that are always a prefix, effects atomic with their events, signals and updates
+consumed only when the segment that used them is finalized.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import threading
+import uuid
+from collections.abc import Callable, Collection, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from engine.cron import cron_error, timezone_error
+from engine.errors import FenceLost, Refused, StorageError
+from engine.events import EncodedEvent, Event, encode
+from engine.session import (
+    Completed,
+    ContinuedAsNew,
+    Failed,
+    SegmentResult,
+    Suspended,
+)
+from engine.status import Status
+from engine.storage import (
+    AcquireLock,
+    ChildOutcome,
+    CreatePromise,
+    CreateSchedule,
+    DeleteSchedule,
+    DeleteState,
+    EnqueueInvocation,
+    IncrState,
+    Mutation,
+    PromiseState,
+    ReleaseLock,
+    RunRef,
+    SendSignal,
+    SetState,
+    SettlePromise,
+    SignalMessage,
+    StartChild,
+    StartDetached,
+    UpdateRequest,
+)
+
+TERMINAL = frozenset({"done", "failed", "dead_lettered", "terminated"})
+
+# How a failed child's error code is reported to the parent awaiting it.
+_CHILD_STATUS = {
+    "permanent": Status.PERMANENT,
+    "cancelled": Status.CANCELLED,
+    "timeout": Status.TIMEOUT,
+    "retries_exhausted": Status.RETRIES_EXHAUSTED,
+    "ambiguous": Status.AMBIGUOUS,
+    "denied": Status.DENIED,
+    "not_found": Status.NOT_FOUND,
+}
+
+
+@dataclass
+class RunRecord:
+    run_id: str
+    workflow_id: str
+    definition: str
+    version: int
+    input: str
+    created_ms: int
+    tenant_id: str = "default"
+    status: str = "ready"
+    result: str | None = None
+    error: str | None = None
+    error_code: str | None = None
+    history: list[EncodedEvent] = field(default_factory=list)
+    generation: int = 0
+    worker_id: str = ""
+    due_ms: int | None = 0  # None: waits to be woken (signal, child, promise, update)
+    waiting_on: dict[str, Any] | None = None
+    parent_run_id: str | None = None
+    parent_close_policy: str = "terminate"
+    cancel_reason: str | None = None
+    query_state: dict[str, str] = field(default_factory=dict)
+    continued_as: str | None = None
+    priority: int = 0
+    segments: int = 0
+
+
+@dataclass
+class StoredSignal:
+    signal_id: str
+    run_id: str
+    name: str
+    payload: str
+    correlation_id: str = ""
+    consumed: bool = False
+
+
+@dataclass
+class StoredUpdate:
+    update_id: str
+    run_id: str
+    name: str
+    payload: str
+    status: str = "pending"  # pending, done, failed
+    result: str = ""
+
+
+class InMemoryStorage:
+    """Thread-safe in-memory storage for any number of runs of one tenant."""
+
+    def __init__(self, clock: Callable[[], int], tenant_id: str = "default") -> None:
+        self.clock = clock
+        self.tenant_id = tenant_id
+        self._lock = threading.RLock()
+        self.runs: dict[str, RunRecord] = {}
+        self.signals: list[StoredSignal] = []
+        self.promises: dict[str, dict[str, str]] = {}
+        self.state: dict[tuple[str, str], str] = {}
+        self.locks: dict[str, tuple[str, int | None]] = {}
+        self.schedules: dict[str, dict[str, Any]] = {}
+        self.invocations: list[EnqueueInvocation] = []
+        self.updates: dict[str, StoredUpdate] = {}
+        # name -> {version: deprecated}; filled by whoever deploys definitions.
+        self.definitions: dict[str, dict[int, bool]] = {}
+        self.schedule_quota = 100
+        self._ids = itertools.count(1)
+
+    # --- run lifecycle (the worker's side) ---
+
+    def create_run(
+        self,
+        definition: str,
+        version: int,
+        input: str,
+        *,
+        run_id: str | None = None,
+        workflow_id: str | None = None,
+        parent_run_id: str | None = None,
+        parent_close_policy: str = "terminate",
+        priority: int = 0,
+    ) -> RunRecord:
+        with self._lock:
+            rid = run_id or str(uuid.uuid4())
+            record = RunRecord(
+                run_id=rid,
+                workflow_id=workflow_id or rid,
+                definition=definition,
+                version=version,
+                input=input,
+                created_ms=self.clock(),
+                parent_run_id=parent_run_id,
+                parent_close_policy=parent_close_policy,
+                priority=priority,
+                tenant_id=self.tenant_id,
+            )
+            self.runs[rid] = record
+            return record
+
+    def claim(self, worker_id: str, now_ms: int) -> RunRecord | None:
+        """Claim the most urgent due run: priority, then age. Bumps the generation."""
+        with self._lock:
+            due = [
+                r
+                for r in self.runs.values()
+                if r.status == "ready" and r.due_ms is not None and r.due_ms <= now_ms
+            ]
+            if not due:
+                return None
+            run = min(due, key=lambda r: (-r.priority, r.due_ms or 0, r.created_ms))
+            run.status = "running"
+            run.worker_id = worker_id
+            run.generation += 1
+            run.segments += 1
+            return run
+
+    def ref(self, run: RunRecord) -> RunRef:
+        return RunRef(self.tenant_id, run.workflow_id, run.run_id, run.worker_id, run.generation)
+
+    def _fenced(self, ref: RunRef) -> RunRecord:
+        run = self.runs.get(ref.run_id)
+        if run is None:
+            raise StorageError(f"no run {ref.run_id}")
+        if (
+            run.generation != ref.generation
+            or run.worker_id != ref.worker_id
+            or run.status != "running"
+        ):
+            raise FenceLost(
+                f"run {ref.run_id} is no longer owned by {ref.worker_id}@{ref.generation}"
+            )
+        return run
+
+    def _wake(self, run_id: str | None) -> None:
+        run = self.runs.get(run_id or "")
+        if run is not None and run.status == "ready":
+            run.due_ms = min(run.due_ms, self.clock()) if run.due_ms is not None else self.clock()
+
+    def finalize(self, ref: RunRef, result: SegmentResult) -> str | None:
+        """Apply a segment's outcome in one step (fenced). Returns a new run id for
+        continue-as-new."""
+        with self._lock:
+            run = self._fenced(ref)
+            self._append(run, result.new_events)
+            run.query_state = dict(result.query_state)
+            for signal in self.signals:
+                if signal.signal_id in result.consumed_signals:
+                    signal.consumed = True
+            for applied in result.applied_updates:
+                update = self.updates.get(applied.update_id)
+                if update is not None and update.status == "pending":
+                    update.status = "done" if applied.status == Status.OK else "failed"
+                    update.result = applied.payload
+            run.worker_id = ""
+            outcome = result.outcome
+            new_run: str | None = None
+            if isinstance(outcome, Suspended):
+                run.status = "ready"
+                run.due_ms = outcome.wait.wake_at_ms
+                run.waiting_on = outcome.wait.as_dict()
+                if self._has_wakeup(run):
+                    run.due_ms = self.clock()
+                return None
+            run.waiting_on = None
+            if isinstance(outcome, Completed):
+                run.status, run.result = "done", outcome.result
+            elif isinstance(outcome, Failed):
+                run.status, run.error, run.error_code = (
+                    "failed",
+                    outcome.message,
+                    outcome.code.value,
+                )
+            elif isinstance(outcome, ContinuedAsNew):
+                version = outcome.version or run.version
+                successor = self.create_run(
+                    run.definition,
+                    version,
+                    outcome.input,
+                    workflow_id=run.workflow_id,
+                    parent_run_id=run.parent_run_id,
+                    parent_close_policy=run.parent_close_policy,
+                    priority=run.priority,
+                )
+                run.status, run.continued_as = "done", successor.run_id
+                new_run = successor.run_id
+            self._close_children(run)
+            self._wake(run.parent_run_id)
+            for update in self.updates.values():
+                if update.run_id == run.run_id and update.status == "pending":
+                    update.status, update.result = "failed", f"the run ended ({run.status})"
+            return new_run
+
+    def _has_wakeup(self, run: RunRecord) -> bool:
+        """Something that arrived while the segment ran and may satisfy its wait."""
+        wait = run.waiting_on or {}
+        names = set(wait.get("signals", ()))
+        if any(s.run_id == run.run_id and not s.consumed and s.name in names for s in self.signals):
+            return True
+        if any(u.run_id == run.run_id and u.status == "pending" for u in self.updates.values()):
+            return True
+        if run.cancel_reason is not None:
+            return True
+        for rid in wait.get("run_ids", ()):
+            child = self.runs.get(rid)
+            if child is None or child.status in TERMINAL:
+                return True
+        promise = self.promises.get(wait.get("promise_id") or "")
+        return bool(promise and promise["status"] != "pending")
+
+    def _close_children(self, parent: RunRecord) -> None:
+        for child in self.runs.values():
+            if child.parent_run_id != parent.run_id or child.status in TERMINAL:
+                continue
+            if child.parent_close_policy == "terminate":
+                self.terminate(child.run_id, f"parent {parent.run_id} closed")
+            elif child.parent_close_policy == "request_cancel":
+                self.cancel(child.run_id, f"parent {parent.run_id} closed")
+
+    def release(self, ref: RunRef) -> None:
+        """Give a claimed run back untouched (the segment failed for a host reason)."""
+        with self._lock:
+            run = self._fenced(ref)
+            run.status, run.worker_id, run.due_ms = "ready", "", self.clock()
+
+    def terminate(self, run_id: str, reason: str) -> None:
+        with self._lock:
+            run = self.runs[run_id]
+            if run.status in TERMINAL:
+                return
+            run.status, run.error, run.error_code = "terminated", reason, "terminated"
+            run.generation += 1
+            run.worker_id = ""
+            self._close_children(run)
+            self._wake(run.parent_run_id)
+
+    def cancel(self, run_id: str, reason: str) -> None:
+        with self._lock:
+            run = self.runs[run_id]
+            if run.status not in TERMINAL:
+                run.cancel_reason = reason
+                self._wake(run_id)
+
+    def deliver_signal(
+        self, target_id: str, name: str, payload: str, correlation_id: str = ""
+    ) -> str:
+        with self._lock:
+            run = self._target(target_id)
+            if run is None:
+                raise Refused(Status.NOT_FOUND, f"no running workflow {target_id}")
+            signal = StoredSignal(
+                f"sig-{next(self._ids)}", run.run_id, name, payload, correlation_id
+            )
+            self.signals.append(signal)
+            self._wake(run.run_id)
+            return signal.signal_id
+
+    def _target(self, target_id: str) -> RunRecord | None:
+        run = self.runs.get(target_id)
+        if run is None:
+            candidates = [r for r in self.runs.values() if r.workflow_id == target_id]
+            run = max(candidates, key=lambda r: r.created_ms, default=None)
+        if run is None or run.status in TERMINAL:
+            return None
+        return run
+
+    def request_update(self, run_id: str, name: str, payload: str) -> str:
+        with self._lock:
+            update = StoredUpdate(f"upd-{next(self._ids)}", run_id, name, payload)
+            self.updates[update.update_id] = update
+            self._wake(run_id)
+            return update.update_id
+
+    def settle_promise(
+        self, promise_id: str, value: str = "", error: str = "", rejected: bool = False
+    ) -> None:
+        with self._lock:
+            promise = self.promises.get(promise_id)
+            if promise is None:
+                raise Refused(Status.NOT_FOUND, f"no promise {promise_id}")
+            if promise["status"] != "pending":
+                raise Refused(
+                    Status.PERMANENT, f"promise {promise_id} is already {promise['status']}"
+                )
+            promise.update(status="rejected" if rejected else "resolved", value=value, error=error)
+            self._wake(promise["owner"])
+
+    # --- WorkflowStorage ---
+
+    def _append(self, run: RunRecord, events: Sequence[Event]) -> None:
+        for event in events:
+            stored = encode(event)
+            if stored.step < len(run.history):
+                continue  # already there (ON CONFLICT DO NOTHING)
+            if stored.step != len(run.history):
+                raise StorageError(
+                    f"history of {run.run_id} would have a gap: step {stored.step} after "
+                    f"{len(run.history)} events"
+                )
+            run.history.append(stored)
+
+    def append_events(self, run: RunRef, events: Sequence[Event]) -> None:
+        with self._lock:
+            self._append(self._fenced(run), events)
+
+    def complete_intent(self, run: RunRef, event: Event) -> None:
+        with self._lock:
+            record = self._fenced(run)
+            if event.step >= len(record.history) or record.history[event.step].checksum:
+                raise StorageError(f"no pending intent at step {event.step} of {run.run_id}")
+            record.history[event.step] = encode(event)
+
+    def apply(
+        self,
+        run: RunRef,
+        mutation: Mutation,
+        pending: Sequence[Event],
+        record: Callable[[Any], Event],
+    ) -> Any:
+        with self._lock:
+            owner = self._fenced(run)
+            result = self._mutate(run, mutation)
+            self._append(owner, [*pending, record(result)])
+            return result
+
+    def _mutate(self, ref: RunRef, m: Mutation) -> Any:
+        match m:
+            case SetState():
+                self.state[(m.scope, m.key)] = m.value
+                return None
+            case DeleteState():
+                return self.state.pop((m.scope, m.key), None) is not None
+            case IncrState():
+                current = self.state.get((m.scope, m.key), "0")
+                try:
+                    value = int(current) + m.delta
+                except ValueError:
+                    raise Refused(
+                        Status.PERMANENT, f"the value of {m.key!r} is not an integer"
+                    ) from None
+                self.state[(m.scope, m.key)] = str(value)
+                return value
+            case AcquireLock():
+                held = self.locks.get(m.key)
+                if held and held[0] != m.holder and (held[1] is None or held[1] > m.now_ms):
+                    return False
+                self.locks[m.key] = (m.holder, m.now_ms + m.ttl_ms if m.ttl_ms else None)
+                return True
+            case ReleaseLock():
+                if self.locks.get(m.key, ("",))[0] == m.holder:
+                    del self.locks[m.key]
+                return None
+            case StartChild():
+                if m.run_id in self.runs:
+                    return m.run_id
+                version = self._resolve_version(m.name, m.version, m.parent_version)
+                self.create_run(
+                    m.name,
+                    version,
+                    m.input,
+                    run_id=m.run_id,
+                    parent_run_id=ref.run_id,
+                    parent_close_policy=m.parent_close_policy,
+                    priority=m.priority,
+                )
+                return m.run_id
+            case StartDetached():
+                if m.run_id not in self.runs:
+                    version = self._resolve_version(m.name, 0, 0)
+                    self.create_run(m.name, version, m.input, run_id=m.run_id)
+                return m.run_id
+            case SendSignal():
+                self.deliver_signal(m.target_id, m.name, m.payload, m.correlation_id)
+                return None
+            case CreatePromise():
+                self.promises.setdefault(
+                    m.promise_id, {"owner": ref.run_id, "name": m.name, "status": "pending"}
+                )
+                return None
+            case SettlePromise():
+                self.settle_promise(m.promise_id, m.value, m.error, m.rejected)
+                return None
+            case CreateSchedule():
+                problem = cron_error(m.cron) or timezone_error(m.timezone)
+                if problem:
+                    raise Refused(Status.PERMANENT, problem)
+                if m.workflow_name not in self.definitions:
+                    raise Refused(
+                        Status.NOT_FOUND, f"no workflow definition named {m.workflow_name!r}"
+                    )
+                if len(self.schedules) >= self.schedule_quota:
+                    raise Refused(
+                        Status.DENIED,
+                        f"the tenant's quota of {self.schedule_quota} schedules is reached",
+                    )
+                self.schedules[m.schedule_id] = {
+                    "id": m.schedule_id,
+                    "workflow_name": m.workflow_name,
+                    "cron": m.cron,
+                    "timezone": m.timezone,
+                    "input": m.input,
+                }
+                return m.schedule_id
+            case DeleteSchedule():
+                if self.schedules.pop(m.schedule_id, None) is None:
+                    raise Refused(Status.NOT_FOUND, f"no schedule {m.schedule_id}")
+                return None
+            case EnqueueInvocation():
+                self.invocations.append(m)
+                return None
+        raise RuntimeError(f"unrecognised mutation {m!r}")
+
+    def _resolve_version(self, name: str, version: int, parent_version: int) -> int:
+        versions = self.definitions.get(name)
+        if not versions:
+            raise Refused(Status.NOT_FOUND, f"no workflow definition named {name!r}")
+        if version > 0:
+            if version not in versions:
+                raise Refused(Status.NOT_FOUND, f"{name!r} has no version {version}")
+            return version
+        if parent_version in versions:
+            return parent_version
+        live = [v for v, deprecated in versions.items() if not deprecated]
+        if not live:
+            raise Refused(Status.NOT_FOUND, f"every version of {name!r} is deprecated")
+        return max(live)
+
+    def next_signal(
+        self, run: RunRef, names: Sequence[str], exclude: Collection[str]
+    ) -> SignalMessage | None:
+        with self._lock:
+            for s in self.signals:
+                if (
+                    s.run_id == run.run_id
+                    and not s.consumed
+                    and s.name in names
+                    and s.signal_id not in exclude
+                ):
+                    return SignalMessage(s.signal_id, s.name, s.payload, s.correlation_id)
+            return None
+
+    def cancellation(self, run: RunRef) -> str | None:
+        record = self.runs.get(run.run_id)
+        return record.cancel_reason if record else None
+
+    def child_outcome(self, run: RunRef, child_run_id: str) -> ChildOutcome | None:
+        with self._lock:
+            child = self.runs.get(child_run_id)
+            if child is None:
+                return ChildOutcome(Status.NOT_FOUND, error=f"no run {child_run_id}")
+            while child.continued_as:  # follow the chain to the run that finished
+                child = self.runs[child.continued_as]
+            if child.status == "done":
+                return ChildOutcome(Status.OK, result=child.result or "")
+            if child.status == "terminated":
+                return ChildOutcome(Status.CANCELLED, error=child.error or "terminated")
+            if child.status in TERMINAL:
+                status = _CHILD_STATUS.get(child.error_code or "", Status.ERROR)
+                return ChildOutcome(status, error=child.error or "")
+            return None
+
+    def promise_state(self, run: RunRef, promise_id: str) -> PromiseState | None:
+        promise = self.promises.get(promise_id)
+        if promise is None:
+            return None
+        return PromiseState(promise["status"], promise.get("value", ""), promise.get("error", ""))
+
+    def get_state(self, run: RunRef, scope: str, key: str) -> str | None:
+        return self.state.get((scope, key))
+
+    def list_state(self, run: RunRef, scope: str, prefix: str) -> list[str]:
+        return sorted(k for (s, k) in list(self.state) if s == scope and k.startswith(prefix))
+
+    def list_schedules(self, run: RunRef) -> list[dict[str, Any]]:
+        return [dict(s) for s in self.schedules.values()]
+
+    def pending_updates(self, run: RunRef, exclude: Collection[str]) -> list[UpdateRequest]:
+        with self._lock:
+            return [
+                UpdateRequest(u.update_id, u.name, u.payload)
+                for u in self.updates.values()
+                if u.run_id == run.run_id and u.status == "pending" and u.update_id not in exclude
+            ]
+
+    def heartbeat(self, run: RunRef) -> bool:
+        with self._lock:
+            try:
+                self._fenced(run)
+            except FenceLost:
+                return False
+            return True
+
+    # --- views ---
+
+    def describe(self, run_id: str) -> dict[str, Any]:
+        run = self.runs[run_id]
+        return {
+            "id": run.run_id,
+            "workflow_id": run.workflow_id,
+            "definition": run.definition,
+            "version": run.version,
+            "status": run.status,
+            "result": run.result,
+            "error": run.error,
+            "error_code": run.error_code,
+            "waiting_on": (run.waiting_on or {}).get("description"),
+            "query_state": dict(run.query_state),
+            "continued_as": run.continued_as,
+            "events": len(run.history),
+        }
+
+
+def dumps(value: Any) -> str:
+    """JSON text for a value; text is taken as already being JSON."""
+    return value if isinstance(value, str) else json.dumps(value, separators=(",", ":"))

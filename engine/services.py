@@ -1,0 +1,316 @@
+"""What ``durable_call``, ``fetch`` and ``plugin_call`` reach.
+
+* **Python services**: ``{"payments": "myapp.services.payments"}``. The dotted path names a
+  module or object whose attribute ``operation`` is called, or a single callable that serves
+  every operation (it reads ``context.operation``). It is called as
+  ``fn(request, *, idempotency_key=..., context=...)`` with the request parsed from JSON and
+  returns something JSON-serialisable. Raising :class:`engine.errors.PermanentError` maps to
+  ``PERMANENT``; any other exception to ``ERROR``.
+* **HTTP services**: ``{"shipping": "https://ship.example/api/"}``. The operation is appended
+  to the base URL and the request POSTed as JSON with an ``Idempotency-Key`` header;
+  2xx is ``OK``, 4xx (except 408 and 429) is ``PERMANENT``, anything else ``ERROR``.
+"""
+
+from __future__ import annotations
+
+import importlib
+import ipaddress
+import json
+import socket
+import urllib.error
+import urllib.parse
+import urllib.request
+from collections.abc import Callable, Iterable, Iterator, Mapping
+from dataclasses import dataclass
+from typing import Any, NamedTuple, Protocol
+
+from engine.errors import PermanentError
+from engine.status import Status
+
+
+@dataclass(frozen=True, slots=True)
+class CallContext:
+    """Given to a Python service with every call."""
+
+    tenant_id: str
+    workflow_id: str
+    run_id: str
+    step: int
+    service: str
+    operation: str
+    idempotency_key: str
+    attempt: int = 1
+
+
+class CallResult(NamedTuple):
+    status: Status
+    payload: str  # the response on OK, the error message otherwise
+
+
+class ServiceCaller(Protocol):
+    def call(self, service: str, operation: str, request: str, context: CallContext) -> CallResult:
+        """Make one call. Never raises for a failure of the service: returns its status."""
+
+
+class AmbiguityResolver(Protocol):
+    def __call__(self, service: str, operation: str, idempotency_key: str) -> str | None:
+        """The response of the call made with this key, or None when it cannot say."""
+
+
+def import_dotted(path: str) -> Any:
+    """Import ``a.b.c``: the module ``a.b.c``, else attribute ``c`` of module ``a.b``."""
+    try:
+        return importlib.import_module(path)
+    except ImportError:
+        module, _, attr = path.rpartition(".")
+        if not module:
+            raise
+        return getattr(importlib.import_module(module), attr)
+
+
+def _dumps(value: Any) -> str:
+    return value if isinstance(value, str) else json.dumps(value, separators=(",", ":"))
+
+
+class PythonService:
+    def __init__(self, target: Any) -> None:
+        self.target = target
+
+    def call(self, service: str, operation: str, request: str, context: CallContext) -> CallResult:
+        try:
+            parsed = json.loads(request) if request else None
+        except json.JSONDecodeError as exc:
+            return CallResult(Status.PERMANENT, f"request is not valid JSON: {exc}")
+        fn = self._function(operation)
+        if fn is None:
+            return CallResult(
+                Status.PERMANENT, f"service {service!r} has no operation {operation!r}"
+            )
+        try:
+            result = fn(parsed, idempotency_key=context.idempotency_key, context=context)
+            return CallResult(Status.OK, _dumps(result))
+        except PermanentError as exc:
+            return CallResult(Status.PERMANENT, str(exc) or type(exc).__name__)
+        except Exception as exc:
+            return CallResult(Status.ERROR, f"{type(exc).__name__}: {exc}")
+
+    def _function(self, operation: str) -> Callable[..., Any] | None:
+        target = self.target
+        is_container = (
+            isinstance(target, type)
+            or hasattr(target, "__path__")
+            or (type(target).__name__ == "module")
+        )
+        if callable(target) and not is_container:
+            return target  # type: ignore[no-any-return]
+        if operation.startswith("_"):
+            return None
+        fn = getattr(target, operation, None)
+        return fn if callable(fn) else None
+
+
+class HttpService:
+    def __init__(self, base_url: str, timeout_s: float = 30.0) -> None:
+        self.base_url = base_url if base_url.endswith("/") else base_url + "/"
+        self.timeout_s = timeout_s
+
+    def call(self, service: str, operation: str, request: str, context: CallContext) -> CallResult:
+        url = urllib.parse.urljoin(self.base_url, urllib.parse.quote(operation))
+        req = urllib.request.Request(
+            url,
+            data=request.encode(),
+            method="POST",
+            headers={
+                "Content-Type": "application/json",
+                "Idempotency-Key": context.idempotency_key,
+            },
+        )
+        try:
+            with urllib.request.urlopen(req, timeout=self.timeout_s) as resp:
+                return CallResult(Status.OK, resp.read().decode("utf-8", "replace"))
+        except urllib.error.HTTPError as exc:
+            body = exc.read().decode("utf-8", "replace")[:2000]
+            permanent = 400 <= exc.code < 500 and exc.code not in (408, 429)
+            status = Status.PERMANENT if permanent else Status.ERROR
+            return CallResult(status, f"HTTP {exc.code} from {url}: {body}")
+        except (urllib.error.URLError, OSError, TimeoutError) as exc:
+            return CallResult(Status.ERROR, f"{url}: {exc}")
+
+
+class ServiceRegistry:
+    """Resolves ``durable_call`` targets: each name to a Python service or an HTTP service.
+
+    Targets are resolved lazily (first call), so a typo in settings fails the call that
+    uses it with a clear ``PERMANENT`` message instead of stopping the worker.
+    """
+
+    honours_idempotency_keys = True
+
+    def __init__(self, services: Mapping[str, Any] | None = None, http_timeout_s: float = 30.0):
+        self._spec = dict(services or {})
+        self._resolved: dict[str, PythonService | HttpService] = {}
+        self.http_timeout_s = http_timeout_s
+
+    def register(self, name: str, target: Any) -> None:
+        self._spec[name] = target
+        self._resolved.pop(name, None)
+
+    def _resolve(self, name: str) -> PythonService | HttpService | str:
+        if name in self._resolved:
+            return self._resolved[name]
+        if name not in self._spec:
+            return f"unknown service {name!r} (configure it in CLEAT_SERVICES)"
+        target = self._spec[name]
+        try:
+            if isinstance(target, str) and target.startswith(("http://", "https://")):
+                resolved: PythonService | HttpService = HttpService(target, self.http_timeout_s)
+            elif isinstance(target, str):
+                resolved = PythonService(import_dotted(target))
+            else:
+                resolved = PythonService(target)
+        except (ImportError, AttributeError) as exc:
+            return f"service {name!r} cannot be loaded from {target!r}: {exc}"
+        self._resolved[name] = resolved
+        return resolved
+
+    def call(self, service: str, operation: str, request: str, context: CallContext) -> CallResult:
+        target = self._resolve(service)
+        if isinstance(target, str):
+            return CallResult(Status.PERMANENT, target)
+        return target.call(service, operation, request, context)
+
+
+class Fetcher:
+    """HTTP requests from workflows, through an allow-list of URL prefixes.
+
+    Private, loopback and link-local addresses are refused unless ``allow_private`` is set:
+    a workflow is untrusted code and must not reach the host's own network.
+    """
+
+    def __init__(
+        self, allow: Iterable[str] = (), allow_private: bool = False, timeout_s: float = 30.0
+    ) -> None:
+        self.allow = tuple(allow)
+        self.allow_private = allow_private
+        self.timeout_s = timeout_s
+
+    def check(self, url: str) -> str | None:
+        """None when ``url`` may be fetched, else the reason it may not."""
+        parsed = urllib.parse.urlsplit(url)
+        if parsed.scheme not in ("http", "https") or not parsed.hostname:
+            return f"only absolute http(s) URLs can be fetched, not {url!r}"
+        if not any(url.startswith(prefix) for prefix in self.allow):
+            return f"{url} is not on the fetch allow-list"
+        if not self.allow_private:
+            try:
+                infos = socket.getaddrinfo(parsed.hostname, parsed.port or 443)
+            except OSError as exc:
+                return f"cannot resolve {parsed.hostname}: {exc}"
+            for info in infos:
+                addr = ipaddress.ip_address(str(info[4][0]).split("%")[0])
+                if addr.is_private or addr.is_loopback or addr.is_link_local or addr.is_reserved:
+                    return f"{parsed.hostname} resolves to a private address ({addr})"
+        return None
+
+    def fetch(self, method: str, url: str, headers: str, body: str) -> CallResult:
+        refused = self.check(url)
+        if refused:
+            return CallResult(Status.DENIED, refused)
+        try:
+            header_map = json.loads(headers) if headers else {}
+        except json.JSONDecodeError as exc:
+            return CallResult(Status.PERMANENT, f"headers are not a JSON object: {exc}")
+        if not isinstance(header_map, dict):
+            return CallResult(Status.PERMANENT, "headers must be a JSON object")
+        req = urllib.request.Request(
+            url,
+            data=body.encode() if body else None,
+            method=method.upper() or "GET",
+            headers={str(k): str(v) for k, v in header_map.items()},
+        )
+        try:
+            with urllib.request.urlopen(req, timeout=self.timeout_s) as resp:
+                status, resp_headers, data = resp.status, dict(resp.headers), resp.read()
+        except urllib.error.HTTPError as exc:
+            status, resp_headers, data = exc.code, dict(exc.headers), exc.read()
+        except (urllib.error.URLError, OSError, TimeoutError) as exc:
+            return CallResult(Status.ERROR, f"{url}: {exc}")
+        text = data.decode("utf-8", "replace")
+        return CallResult(
+            Status.OK,
+            json.dumps({"status": status, "headers": resp_headers, "body": text}),
+        )
+
+
+class PluginRegistry:
+    """Host plugins: ``{"llm": "myapp.plugins.llm"}``; ``plugin_call(plugin, fn, input)``
+    calls attribute ``fn`` with the parsed input. A streaming function returns an iterable
+    of chunks."""
+
+    def __init__(self, plugins: Mapping[str, Any] | None = None) -> None:
+        self._spec = dict(plugins or {})
+
+    def _function(self, plugin: str, function: str) -> Callable[..., Any] | str:
+        if plugin not in self._spec:
+            return f"unknown plugin {plugin!r}"
+        target = self._spec[plugin]
+        try:
+            obj = import_dotted(target) if isinstance(target, str) else target
+        except (ImportError, AttributeError) as exc:
+            return f"plugin {plugin!r} cannot be loaded: {exc}"
+        fn = None if function.startswith("_") else getattr(obj, function, None)
+        if not callable(fn):
+            return f"plugin {plugin!r} has no function {function!r}"
+        return fn  # type: ignore[no-any-return]
+
+    def call(self, plugin: str, function: str, input: str) -> CallResult:
+        fn = self._function(plugin, function)
+        if isinstance(fn, str):
+            return CallResult(Status.PERMANENT, fn)
+        try:
+            return CallResult(Status.OK, _dumps(fn(json.loads(input) if input else None)))
+        except PermanentError as exc:
+            return CallResult(Status.PERMANENT, str(exc))
+        except Exception as exc:
+            return CallResult(Status.ERROR, f"{type(exc).__name__}: {exc}")
+
+    def stream(self, plugin: str, function: str, input: str) -> Iterator[str] | CallResult:
+        fn = self._function(plugin, function)
+        if isinstance(fn, str):
+            return CallResult(Status.PERMANENT, fn)
+        try:
+            chunks = fn(json.loads(input) if input else None)
+            return (_dumps(c) for c in chunks)
+        except Exception as exc:
+            return CallResult(Status.ERROR, f"{type(exc).__name__}: {exc}")
+
+
+@dataclass
+class Services:
+    """Everything outside the workflow that a segment may reach."""
+
+    caller: ServiceCaller
+    fetcher: Fetcher
+    plugins: PluginRegistry
+    resolvers: Mapping[str, AmbiguityResolver]
+
+    @classmethod
+    def from_settings(
+        cls,
+        services: Mapping[str, Any] | None = None,
+        *,
+        fetch_allow: Iterable[str] = (),
+        fetch_allow_private: bool = False,
+        plugins: Mapping[str, Any] | None = None,
+        resolvers: Mapping[str, Any] | None = None,
+    ) -> Services:
+        loaded = {
+            name: (import_dotted(path) if isinstance(path, str) else path)
+            for name, path in (resolvers or {}).items()
+        }
+        return cls(
+            caller=ServiceRegistry(services),
+            fetcher=Fetcher(fetch_allow, fetch_allow_private),
+            plugins=PluginRegistry(plugins),
+            resolvers=loaded,
+        )

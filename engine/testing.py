@@ -1,0 +1,310 @@
+"""Run workflows in-process, against in-memory storage, with virtual time.
+
+The helper cleat's own engine tests use, and the one workflow authors use for theirs::
+
+    from engine.testing import WorkflowEnvironment
+
+    def test_order_waits_for_shipping(order_wasm):
+        env = WorkflowEnvironment(services={"payments": my_fake_payments})
+        env.deploy("order", order_wasm)
+        run = env.start("order", {"item": "book"})
+        env.run_until_idle()
+        assert env.describe(run)["waiting_on"].startswith("signals shipped")
+        env.signal(run, "shipped", {"carrier": "ups"})
+        env.advance(seconds=60)
+        assert env.result(run) == {"ok": True}
+        env.assert_replays(run)   # the history replays to the same outcome, no call repeated
+
+Time only moves when the test says so (``advance``); timers fire as the virtual clock
+passes them. ``assert_replays`` re-runs a run from its full history with storage and
+services that refuse every write and call, which is the determinism check a worker relies on.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from engine.config import EngineConfig
+from engine.errors import EngineError
+from engine.events import Event, decode
+from engine.inmemory import InMemoryStorage, dumps
+from engine.runtime import LoadedModule, WasmRuntime
+from engine.services import CallContext, CallResult, Services
+from engine.session import Completed, ContinuedAsNew, Failed, Outcome, RunInfo, SegmentResult
+from engine.storage import RunRef
+
+DEFAULT_START_MS = 1_767_225_600_000  # 2026-01-01T00:00:00Z
+
+_shared_runtime: WasmRuntime | None = None
+
+
+def shared_runtime() -> WasmRuntime:
+    """One runtime per process for tests (engines and compiled modules are expensive)."""
+    global _shared_runtime
+    if _shared_runtime is None:
+        _shared_runtime = WasmRuntime(EngineConfig())
+    return _shared_runtime
+
+
+class VirtualClock:
+    def __init__(self, start_ms: int = DEFAULT_START_MS) -> None:
+        self.ms = start_ms
+
+    def now(self) -> int:
+        return self.ms
+
+    def advance(self, ms: int) -> None:
+        self.ms += ms
+
+
+class ReplayMismatch(AssertionError):
+    pass
+
+
+@dataclass
+class RecordingCaller:
+    """Wraps a service caller and remembers each call (tests assert nothing repeats)."""
+
+    inner: Any
+    calls: list[tuple[str, str, str, str]] = field(default_factory=list)
+
+    def call(self, service: str, operation: str, request: str, context: CallContext) -> CallResult:
+        self.calls.append((service, operation, request, context.idempotency_key))
+        result: CallResult = self.inner.call(service, operation, request, context)
+        return result
+
+
+class WorkflowEnvironment:
+    def __init__(
+        self,
+        services: Mapping[str, Any] | None = None,
+        *,
+        config: EngineConfig | None = None,
+        runtime: WasmRuntime | None = None,
+        start_ms: int = DEFAULT_START_MS,
+        plugins: Mapping[str, Any] | None = None,
+        fetch_allow: tuple[str, ...] = (),
+        resolvers: Mapping[str, Any] | None = None,
+    ) -> None:
+        self.clock = VirtualClock(start_ms)
+        self.storage = InMemoryStorage(self.clock.now)
+        self.runtime = runtime or (WasmRuntime(config) if config else shared_runtime())
+        self.services = Services.from_settings(
+            services, plugins=plugins, fetch_allow=fetch_allow, resolvers=resolvers
+        )
+        self.caller = RecordingCaller(self.services.caller)
+        self.services.caller = self.caller
+        self._modules: dict[tuple[str, int], LoadedModule] = {}
+        self.segments: list[tuple[str, SegmentResult]] = []
+        self.worker_id = "test-worker"
+
+    # --- definitions and runs ---
+
+    def deploy(self, name: str, wasm: bytes, version: int | None = None) -> int:
+        """Deploy a module (bytes of a core module) and return its version."""
+        versions = self.storage.definitions.setdefault(name, {})
+        version = version or (max(versions, default=0) + 1)
+        self._modules[(name, version)] = self.runtime.load(wasm)
+        versions[version] = False
+        return version
+
+    def start(
+        self,
+        name: str,
+        input: Any = None,
+        *,
+        version: int | None = None,
+        workflow_id: str | None = None,
+        priority: int = 0,
+    ) -> str:
+        versions = self.storage.definitions.get(name)
+        if not versions:
+            raise EngineError(f"no workflow definition named {name!r}")
+        chosen = version or max(v for v, deprecated in versions.items() if not deprecated)
+        if chosen not in versions:
+            raise EngineError(f"{name!r} has no version {chosen}")
+        text = "null" if input is None else dumps(input)
+        return self.storage.create_run(
+            name, chosen, text, workflow_id=workflow_id, priority=priority
+        ).run_id
+
+    def run(self, name: str, input: Any = None, **kwargs: Any) -> str:
+        """Start a run and process everything due; returns the run id."""
+        run_id = self.start(name, input, **kwargs)
+        self.run_until_idle()
+        return run_id
+
+    # --- the worker loop ---
+
+    def step(self) -> bool:
+        """Run one due segment; False when nothing is due."""
+        run = self.storage.claim(self.worker_id, self.clock.now())
+        if run is None:
+            return False
+        ref = self.storage.ref(run)
+        result = self.runtime.run_segment(
+            self._module(run.definition, run.version),
+            self._info(ref, run),
+            list(run.history),
+            self.storage,
+            self.services,
+            self.clock.now,
+        )
+        self.segments.append((run.run_id, result))
+        self.storage.finalize(ref, result)
+        return True
+
+    def run_until_idle(self, max_segments: int = 10_000) -> int:
+        count = 0
+        while self.step():
+            count += 1
+            if count >= max_segments:
+                raise EngineError(f"still busy after {max_segments} segments (a livelock?)")
+        return count
+
+    def advance(self, seconds: float = 0, *, ms: int = 0) -> int:
+        """Move virtual time forward and run what became due."""
+        self.clock.advance(int(seconds * 1000) + ms)
+        return self.run_until_idle()
+
+    def _module(self, name: str, version: int) -> LoadedModule:
+        return self._modules[(name, version)]
+
+    def _info(self, ref: RunRef, run: Any) -> RunInfo:
+        return RunInfo(
+            ref=ref,
+            definition=run.definition,
+            version=run.version,
+            input=run.input,
+            start_ms=run.created_ms,
+        )
+
+    # --- talking to runs ---
+
+    def signal(self, run_id: str, name: str, payload: Any = None) -> None:
+        self.storage.deliver_signal(run_id, name, "null" if payload is None else dumps(payload))
+
+    def cancel(self, run_id: str, reason: str = "cancelled by test") -> None:
+        self.storage.cancel(run_id, reason)
+
+    def terminate(self, run_id: str, reason: str = "terminated by test") -> None:
+        self.storage.terminate(run_id, reason)
+
+    def resolve_promise(self, promise_id: str, value: Any) -> None:
+        self.storage.settle_promise(promise_id, value=dumps(value))
+
+    def reject_promise(self, promise_id: str, message: str) -> None:
+        self.storage.settle_promise(promise_id, error=message, rejected=True)
+
+    def update(self, run_id: str, name: str, payload: Any = None) -> str:
+        return self.storage.request_update(run_id, name, dumps(payload))
+
+    def update_result(self, update_id: str) -> tuple[str, str]:
+        update = self.storage.updates[update_id]
+        return update.status, update.result
+
+    # --- inspecting runs ---
+
+    def describe(self, run_id: str) -> dict[str, Any]:
+        return self.storage.describe(run_id)
+
+    def status(self, run_id: str) -> str:
+        return self.storage.runs[run_id].status
+
+    def result(self, run_id: str) -> Any:
+        """The parsed result of a finished run (follows continue-as-new)."""
+        run = self.storage.runs[run_id]
+        while run.continued_as:
+            run = self.storage.runs[run.continued_as]
+        if run.status != "done":
+            detail = f"{run.error_code or ''} {run.error or ''}".strip()
+            raise AssertionError(f"run {run.run_id} is {run.status}: {detail}")
+        return json.loads(run.result) if run.result else None
+
+    def history(self, run_id: str) -> list[Event]:
+        return [decode(e) for e in self.storage.runs[run_id].history]
+
+    def latest_run(self, run_id: str) -> str:
+        run = self.storage.runs[run_id]
+        while run.continued_as:
+            run = self.storage.runs[run.continued_as]
+        return run.run_id
+
+    def replay(self, run_id: str) -> SegmentResult:
+        """Re-run ``run_id`` from its full history, refusing every write and service call."""
+        run = self.storage.runs[run_id]
+        ref = RunRef(self.storage.tenant_id, run.workflow_id, run.run_id, "replayer", 0)
+        guard = _ReplayGuard(self.storage)
+        services = Services(
+            caller=_RefusingCaller(),
+            fetcher=self.services.fetcher,
+            plugins=self.services.plugins,
+            resolvers={},
+        )
+        return self.runtime.run_segment(
+            self._module(run.definition, run.version),
+            self._info(ref, run),
+            list(run.history),
+            guard,
+            services,
+            self.clock.now,
+        )
+
+    def assert_replays(self, run_id: str) -> SegmentResult:
+        """Replay a finished run and check it reaches the same outcome with no new events."""
+        run = self.storage.runs[run_id]
+        result = self.replay(run_id)
+        if result.new_events or result.recorded:
+            raise ReplayMismatch(
+                f"replay of {run_id} recorded new events: {[e.describe() for e in result.recorded]}"
+            )
+        expected = _outcome_of(run)
+        if not _same_outcome(result.outcome, expected):
+            raise ReplayMismatch(
+                f"replay of {run_id} ended in {result.outcome}, the run in {expected}"
+            )
+        return result
+
+
+def _outcome_of(run: Any) -> tuple[str, str | None]:
+    if run.continued_as:
+        return ("continued", None)
+    return (run.status, run.result if run.status == "done" else run.error_code)
+
+
+def _same_outcome(outcome: Outcome, expected: tuple[str, str | None]) -> bool:
+    if isinstance(outcome, Completed):
+        return expected == ("done", outcome.result)
+    if isinstance(outcome, Failed):
+        return expected == ("failed", outcome.code.value)
+    if isinstance(outcome, ContinuedAsNew):
+        return expected[0] == "continued"
+    return False
+
+
+class _RefusingCaller:
+    def call(self, service: str, operation: str, request: str, context: CallContext) -> CallResult:
+        raise ReplayMismatch(f"replay called {service}.{operation} again at step {context.step}")
+
+
+class _ReplayGuard:
+    """Storage for replay checks: reads pass through, every write is a mismatch."""
+
+    def __init__(self, inner: InMemoryStorage) -> None:
+        self._inner = inner
+
+    def __getattr__(self, name: str) -> Callable[..., Any]:
+        if name in ("append_events", "complete_intent", "apply"):
+
+            def refuse(*args: Any, **kwargs: Any) -> Any:
+                raise ReplayMismatch(f"replay tried to write ({name})")
+
+            return refuse
+        attr: Callable[..., Any] = getattr(self._inner, name)
+        return attr
+
+    def heartbeat(self, run: RunRef) -> bool:
+        return True

@@ -1,0 +1,1 @@
+"""The schedules app: cron schedules in a time zone that start workflows."""

@@ -1,0 +1,1 @@
+"""The workflows app: definitions, instances, history, store, worker, services, API, admin."""
