@@ -29,7 +29,9 @@ class Command(BaseCommand):
         for event in env.history(run):
             self.stdout.write(f"  step {event.step:>2}  {event.describe()}")
         env.assert_replays(run)
-        self.stdout.write(self.style.SUCCESS("replayed from history: same result, no call repeated"))
+        self.stdout.write(
+            self.style.SUCCESS("replayed from history: same result, no call repeated")
+        )
 
 
 class _DemoService:
