@@ -77,6 +77,16 @@ ASGI_APPLICATION = "cleat_project.asgi.application"
 DATABASES = {
     "default": env.db("DATABASE_URL", default=f"sqlite:///{BASE_DIR / 'db.sqlite3'}"),
 }
+if DATABASES["default"]["ENGINE"] == "django.db.backends.sqlite3":
+    # One writer at a time: IMMEDIATE transactions take the write lock up front (no upgrade
+    # deadlocks between a worker and the admin), WAL lets readers proceed meanwhile.
+    DATABASES["default"].setdefault("OPTIONS", {}).update(
+        {
+            "transaction_mode": "IMMEDIATE",
+            "timeout": 30,
+            "init_command": "PRAGMA journal_mode=WAL; PRAGMA synchronous=NORMAL;",
+        }
+    )
 
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 
@@ -133,3 +143,8 @@ CLEAT_FETCH_ALLOW = env.list("CLEAT_FETCH_ALLOW", default=[])
 CLEAT_FETCH_ALLOW_PRIVATE = env.bool("CLEAT_FETCH_ALLOW_PRIVATE", default=False)
 # {"plugin": "dotted.path"}: host plugins reachable through plugin_call.
 CLEAT_PLUGINS = env.json("CLEAT_PLUGINS", default={})
+# A waiting run re-checks its wait at least this often (recovers a wake lost to a crash).
+CLEAT_WAIT_RECHECK_SECONDS = env.float("CLEAT_WAIT_RECHECK_SECONDS", default=300.0)
+# PostgreSQL: the role the application connects as (created by the migrations).
+CLEAT_APP_ROLE = env.str("CLEAT_APP_ROLE", default="cleat_app")
+CLEAT_APP_ROLE_PASSWORD = env.str("CLEAT_APP_ROLE_PASSWORD", default="")

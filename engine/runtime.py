@@ -17,6 +17,7 @@ import hashlib
 import importlib.metadata
 import logging
 import os
+import struct
 import tempfile
 import threading
 import time
@@ -27,6 +28,7 @@ from pathlib import Path
 from typing import Any
 
 import wasmtime
+import wasmtime._func as wasmtime_func
 from wasmtime import _ffi as wasmtime_ffi
 
 from engine.abi import (
@@ -134,9 +136,39 @@ class EpochTicker:
         self._thread.join(timeout=1)
 
 
+# The hot path of a host call calls libwasmtime through a handle of its own. wasmtime-py's
+# declarations check and convert every argument and wrap every pointer they return, which
+# costs several times the call itself; these take pointers wasmtime-py made (so their types
+# are right), integers as explicit ctypes values, and return plain integers. A separate
+# handle leaves wasmtime-py's own declarations as they are.
+_libwasmtime = ctypes.CDLL(wasmtime_ffi.dll._name)
+_CONTEXT_PTR = ctypes.POINTER(wasmtime_ffi.wasmtime_context_t)
+_ERROR_PTR = ctypes.POINTER(wasmtime_ffi.wasmtime_error_t)
+_memory_data = _libwasmtime.wasmtime_memory_data
+_memory_data.restype = ctypes.c_void_p
+_memory_data_size = _libwasmtime.wasmtime_memory_data_size
+_memory_data_size.restype = ctypes.c_size_t
+_func_call = _libwasmtime.wasmtime_func_call
+_func_call.restype = ctypes.c_void_p  # wasmtime_error_t*, NULL on success
+_caller_context = _libwasmtime.wasmtime_caller_context
+_caller_context.argtypes = [ctypes.c_void_p]
+_caller_context.restype = _CONTEXT_PTR
+_define_func_unchecked = _libwasmtime.wasmtime_linker_define_func_unchecked
+_define_func_unchecked.restype = ctypes.c_void_p  # wasmtime_error_t*, NULL on success
+_ONE = ctypes.c_size_t(1)
+
 # The session and instance of the segment running on this thread, for the host functions
 # (defined once per engine, so they cannot close over a segment).
 _current = threading.local()
+
+
+def _claim(fault: GuestFault) -> GuestFault:
+    """Mark a fault the host raised itself on this thread (not one that came back through a
+    trap) as this segment's own, so ``_classify`` does not take it for another segment's."""
+    frame = getattr(_current, "frame", None)
+    if frame is not None and frame[0].exit is None:
+        frame[0].exit = fault
+    return fault
 
 
 class CoreInstance:
@@ -153,7 +185,8 @@ class CoreInstance:
         io_seconds: Callable[[], float],
     ) -> None:
         self.store = store
-        self.ctx: Any = store  # the store, or the Caller of the host call in progress
+        # The store, or the _CallerContext of the host call in progress.
+        self.ctx: Any = store
         self.config = config
         self._started = started
         self._io_seconds = io_seconds
@@ -168,50 +201,105 @@ class CoreInstance:
         self._alloc: wasmtime.Func = alloc
         self._exports = exports
         self._funcs: dict[str, wasmtime.Func] = {}
+        # Made once, used by every host call (see _memory_view and _call_alloc).
+        self._memory_ref = ctypes.byref(memory._memory)
+        self._alloc_ref = ctypes.byref(alloc._func)
+        self._alloc_params = (wasmtime_ffi.wasmtime_val_t * 1)(
+            wasmtime_ffi.wasmtime_val_t(kind=wasmtime_ffi.WASMTIME_I32.value)
+        )
+        self._alloc_results = (wasmtime_ffi.wasmtime_val_t * 1)()
+        # The i32 inside each wasmtime_val_t, as objects sharing its memory.
+        of = wasmtime_ffi.wasmtime_val_t.of.offset
+        self._alloc_size = ctypes.c_int32.from_buffer(self._alloc_params, of)
+        self._alloc_ptr = ctypes.c_int32.from_buffer(self._alloc_results, of)
+        self._view_at = (-1, -1)
+        self._view: Any = None
+        self._view_bytes: memoryview = memoryview(b"")
 
     # --- memory ---
 
-    def _base_and_size(self) -> tuple[int, int]:
-        ctx = self.ctx
-        size = self.memory.data_len(ctx)
-        base = ctypes.addressof(self.memory.data_ptr(ctx).contents)
-        return base, size
+    def _memory_view(self) -> tuple[Any, int]:
+        """Linear memory as it is now: a ``c_char`` array over it (slices are ``bytes``) and
+        its size. Memory moves or grows only when guest code runs, so the view is made again
+        only when its address or size changed; both are asked for at every host call and
+        after every ``cleat_alloc``, never assumed."""
+        context = self.ctx._context()
+        ref = self._memory_ref
+        at = (_memory_data(context, ref) or 0, _memory_data_size(context, ref))
+        if at != self._view_at:
+            base, size = at
+            self._view = (ctypes.c_char * size).from_address(base)
+            self._view_bytes = memoryview(self._view).cast("B")
+            self._view_at = at
+        return self._view, at[1]
 
     def read_bytes(self, function: str, ptr: int, length: int, limit: int) -> bytes:
-        ptr &= 0xFFFFFFFF
-        length &= 0xFFFFFFFF
-        if length > limit:
-            raise GuestFault(
-                function, f"a string of {length} bytes exceeds the {limit}-byte maximum"
-            )
-        base, size = self._base_and_size()
-        if ptr + length > size:
-            raise GuestFault(
-                function,
-                f"pointer {ptr} with length {length} is outside linear memory ({size} bytes)",
-            )
-        return ctypes.string_at(base + ptr, length)
+        view, size = self._memory_view()
+        return _guest_bytes(function, view, size, ptr, length, limit)
 
     def read_string(self, function: str, ptr: int, length: int) -> str:
         raw = self.read_bytes(function, ptr, length, self.config.max_string_bytes)
         try:
             return raw.decode("utf-8")
         except UnicodeDecodeError as exc:
-            raise GuestFault(
-                function, f"string at {ptr} is not valid UTF-8 ({exc.reason} at byte {exc.start})"
-            ) from None
+            raise _not_utf8(function, ptr, exc) from None
+
+    def string_reader(self, function: str) -> Callable[[int, int], str]:
+        """``read(ptr, len)`` for the string arguments of one host call. Memory is looked up
+        once for all of them: no guest code runs while the arguments are read."""
+        view, size = self._memory_view()
+        limit = self.config.max_string_bytes
+
+        def read(ptr: int, length: int) -> str:
+            raw = _guest_bytes(function, view, size, ptr, length, limit)
+            try:
+                return raw.decode("utf-8")
+            except UnicodeDecodeError as exc:
+                raise _not_utf8(function, ptr, exc) from None
+
+        return read
+
+    def _call_alloc(self, n: int) -> int:
+        """``cleat_alloc(n)``, called through the C API: ``Func.__call__`` rebuilds the
+        function's type and converts each value through wasmtime-py's generic layer (about
+        30 µs a call, more than the rest of a host call). This is the same checked call
+        (wasmtime still validates the types), with errors and traps raised exactly as
+        ``Func.__call__`` raises them, including a host function's exception."""
+        self._alloc_size.value = n
+        trap = ctypes.POINTER(wasmtime_ffi.wasm_trap_t)()
+        error = _func_call(
+            self.ctx._context(),
+            self._alloc_ref,
+            self._alloc_params,
+            _ONE,
+            self._alloc_results,
+            _ONE,
+            ctypes.byref(trap),
+        )
+        if error:
+            failure = wasmtime.WasmtimeError._from_ptr(ctypes.cast(error, _ERROR_PTR))
+            wasmtime_func.maybe_raise_last_exn()
+            raise failure
+        if trap:
+            trapped = wasmtime.Trap._from_ptr(trap)
+            wasmtime_func.maybe_raise_last_exn()
+            raise trapped
+        return self._alloc_ptr.value
 
     def write(self, function: str, data: bytes) -> int:
         """Allocate ``len(data)`` bytes through ``cleat_alloc`` and copy ``data`` there."""
         n = len(data)
-        ptr = int(self._alloc(self.ctx, n)) & 0xFFFFFFFF
-        base, size = self._base_and_size()
+        ptr = self._call_alloc(n) & 0xFFFFFFFF
+        self._memory_view()
+        size = self._view_at[1]
         if ptr + n > size:
-            raise GuestFault(
-                function,
-                f"{EXPORT_ALLOC}({n}) returned {ptr}, outside linear memory ({size} bytes)",
+            raise _claim(
+                GuestFault(
+                    function,
+                    f"{EXPORT_ALLOC}({n}) returned {ptr}, outside linear memory ({size} bytes)",
+                )
             )
-        ctypes.memmove(base + ptr, data, n)
+        self._view_bytes[ptr : ptr + n] = data
         return ptr
 
     def write_reply(self, function: str, reply: Reply) -> int:
@@ -248,10 +336,14 @@ class CoreInstance:
     def call_export(self, name: str, payload: str) -> Reply:
         fn = self._func(name)
         if fn is None:
-            raise GuestFault(name, f"the module has no export {name!r}")
+            raise _claim(GuestFault(name, f"the module has no export {name!r}"))
         data = payload.encode()
         ptr = self.write(name, data)
-        return self.read_reply(name, fn(self.ctx, ptr, len(data)))
+        packed = fn(self.ctx, ptr, len(data))
+        try:
+            return self.read_reply(name, packed)
+        except GuestFault as fault:
+            raise _claim(fault) from None
 
     def refresh_deadline(self, io_seconds: float) -> None:
         guest_seconds = time.monotonic() - self._started - self._io_seconds()
@@ -266,33 +358,127 @@ class CoreInstance:
             return 0
 
 
-def _host_function(imp: HostImport) -> Callable[..., int]:
-    decode = arg_decoder(imp.params)
+# Host functions are defined on the linker "unchecked": wasmtime hands the callback the
+# address of the raw argument slots (and takes the result in slot 0) instead of wasmtime-py
+# converting every value through its generic ``Val`` layer, which costs about 30 µs a call,
+# more than the whole budget of a durable step. The import types are still checked when a
+# module is linked. Exceptions leave the callback the way wasmtime-py's own trampoline lets
+# them: parked in ``wasmtime._func.LAST_EXCEPTION`` behind a trap, and re-raised by
+# wasmtime-py (or ``_call_alloc``) where the guest was entered.
+_HostCallback = ctypes.CFUNCTYPE(
+    ctypes.c_size_t, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_size_t
+)
+_VALUE_SLOT = ctypes.sizeof(wasmtime_ffi.wasmtime_val_raw_t)
+_SLOT_FORMAT = {"i32": f"i{_VALUE_SLOT - 4}x", "i64": f"q{_VALUE_SLOT - 8}x"}
+
+
+class _CallerContext:
+    """The store context of the host call in progress, as the ``Storelike`` wasmtime-py
+    expects (it reads ``_context()``). Like a ``wasmtime.Caller``, invalid once the call has
+    returned."""
+
+    __slots__ = ("_pointer",)
+
+    def __init__(self, pointer: Any) -> None:
+        self._pointer = pointer
+
+    def _context(self) -> Any:
+        if self._pointer is None:
+            raise ValueError("caller is no longer valid")
+        return self._pointer
+
+
+def _host_function(imp: HostImport) -> Any:
+    """The C callback serving ``imp``: read the arguments (strings bounds- and UTF-8-checked),
+    call the session method of the same name, write the answer back."""
     name = imp.name
+    decode = arg_decoder(imp.params)
+    takes_strings = "s" in imp.params
     packed = imp.returns == "P"
+    # All arguments in one read: slot i holds an i32 or i64 in its first bytes.
+    layout = struct.Struct("=" + "".join(_SLOT_FORMAT[t] for t in wasm_param_types(imp.params)))
+    slots = ctypes.c_char * layout.size
+    unpack_slots = layout.unpack_from
+    result_slot = ctypes.c_int64
 
-    def host(caller: Any, *raw: Any) -> int:
-        frame = getattr(_current, "frame", None)
-        if frame is None:
-            # Only reachable from a start function at inspection time.
-            raise GuestFault(name, "host functions cannot be called while the module starts")
-        session, instance = frame
-        previous = instance.ctx
-        instance.ctx = caller
+    def host(env: int | None, caller: int, values: int, count: int) -> int:
+        context = _CallerContext(_caller_context(caller))
         try:
-            args = decode(lambda p, n: instance.read_string(name, p, n), raw)
-            result = getattr(session, name)(*args)
-            if packed:
-                return int(instance.write_reply(name, result))
-            return int(result)
+            frame = getattr(_current, "frame", None)
+            if frame is None:
+                # Only reachable from a start function at inspection time.
+                raise GuestFault(name, "host functions cannot be called while the module starts")
+            session, instance = frame
+            previous = instance.ctx
+            instance.ctx = context
+            try:
+                raw = unpack_slots(slots.from_address(values)) if layout.size else ()
+                args = decode(instance.string_reader(name), raw) if takes_strings else raw
+                result = getattr(session, name)(*args)
+                value = instance.write_reply(name, result) if packed else int(result)
+            except BaseException as exc:
+                if session.exit is None:
+                    session.exit = exc
+                raise
+            finally:
+                instance.ctx = previous
+            result_slot.from_address(values).value = value
+            return 0
         except BaseException as exc:
-            if session.exit is None:
-                session.exit = exc
-            raise
+            wasmtime_func.LAST_EXCEPTION = exc  # type: ignore[assignment]
+            trap = wasmtime.Trap("python exception")._consume()
+            return ctypes.cast(trap, ctypes.c_void_p).value or 0
         finally:
-            instance.ctx = previous
+            context._pointer = None  # never usable after the call returns
 
-    return host
+    return _HostCallback(host)
+
+
+# One callback per import for the whole process: every linker, and every store instantiated
+# through one, calls into them, and ctypes frees a callback when its object is collected.
+_HOST_CALLBACKS: dict[str, Any] = {imp.name: _host_function(imp) for imp in IMPORTS}
+# The callbacks hold no per-definition data, so there is nothing to finalize.
+_NO_FINALIZER = ctypes.CFUNCTYPE(None, ctypes.c_void_p)(lambda _data: None)
+
+
+def _define_host_function(linker: wasmtime.Linker, imp: HostImport) -> None:
+    module, name = b"env", imp.name.encode()
+    ty = _func_type(imp)  # kept referenced until the call returns: it owns the C type
+    error = _define_func_unchecked(
+        linker.ptr(),
+        ctypes.create_string_buffer(module),
+        ctypes.c_size_t(len(module)),
+        ctypes.create_string_buffer(name),
+        ctypes.c_size_t(len(name)),
+        ty.ptr(),
+        _HOST_CALLBACKS[imp.name],
+        None,
+        _NO_FINALIZER,
+    )
+    if error:
+        raise wasmtime.WasmtimeError._from_ptr(ctypes.cast(error, _ERROR_PTR))
+
+
+def _guest_bytes(function: str, view: Any, size: int, ptr: int, length: int, limit: int) -> bytes:
+    """``length`` bytes at ``ptr`` of linear memory (``view``, ``size`` bytes long), refused
+    unless the whole range is inside it and no longer than ``limit``."""
+    ptr &= 0xFFFFFFFF
+    length &= 0xFFFFFFFF
+    if length > limit:
+        raise GuestFault(function, f"a string of {length} bytes exceeds the {limit}-byte maximum")
+    if ptr + length > size:
+        raise GuestFault(
+            function,
+            f"pointer {ptr} with length {length} is outside linear memory ({size} bytes)",
+        )
+    data: bytes = view[ptr : ptr + length]
+    return data
+
+
+def _not_utf8(function: str, ptr: int, exc: UnicodeDecodeError) -> GuestFault:
+    return GuestFault(
+        function, f"string at {ptr} is not valid UTF-8 ({exc.reason} at byte {exc.start})"
+    )
 
 
 def _func_type(imp: HostImport) -> wasmtime.FuncType:
@@ -328,6 +514,15 @@ class ModuleCache:
             return None
         fingerprint = self._runtime.config.fingerprint()
         return self._dir / f"{sha}-wasmtime{WASMTIME_VERSION}-{fingerprint}.cwasm"
+
+    def peek(self, sha: str) -> LoadedModule | None:
+        """The compiled module for ``sha`` if it is in memory (no bytes needed)."""
+        with self._lock:
+            found = self._entries.get(sha)
+            if found is not None:
+                self._entries.move_to_end(sha)
+                self.hits += 1
+            return found
 
     def get(self, wasm: bytes, sha: str | None = None) -> LoadedModule:
         sha = sha or hashlib.sha256(wasm).hexdigest()
@@ -400,9 +595,7 @@ class WasmRuntime:
         self.engine = wasmtime.Engine(wasm_config)
         self.linker = wasmtime.Linker(self.engine)
         for imp in IMPORTS:
-            self.linker.define_func(
-                "env", imp.name, _func_type(imp), _host_function(imp), access_caller=True
-            )
+            _define_host_function(self.linker, imp)
         self._ticker = EpochTicker(self.engine, self.config.epoch_tick_s)
         self.modules = ModuleCache(
             self, self.config.module_cache_size, self.config.module_cache_dir

@@ -155,6 +155,8 @@ class RunInfo:
     start_ms: int  # virtual time before the first event
     entry_point: str = "run"
     min_version: int = 0
+    # Events after which the run continues as new; None: the engine configuration's.
+    max_history_events: int | None = None
 
 
 class WaitKind(StrEnum):
@@ -439,6 +441,11 @@ class ExecutionSession:
         if event is None:
             self._guard_history_limit()
             return None
+        if type(event) is ContinueAsNewEvent and event.reason == "history_limit":
+            # The run reached the event limit at this call and continued as new: replay
+            # ends here the same way, whatever the call is.
+            self._consume(event)
+            raise ContinueAsNew(event.new_input, 0)
         if type(event) is not cls or event.identity() != identity:
             names = cls.IDENTITY
             attempted = describe_call(cls.TYPE, dict(zip(names, identity, strict=True)))
@@ -447,7 +454,8 @@ class ExecutionSession:
         return event
 
     def _guard_history_limit(self) -> None:
-        if self.step >= self.config.max_history_events:
+        limit = self.run.max_history_events or self.config.max_history_events
+        if self.step >= limit:
             self._record(
                 ContinueAsNewEvent(
                     step=self.step,
@@ -598,6 +606,14 @@ class ExecutionSession:
                         outcome.status,
                         outcome.payload[:200],
                     )
+        leftover = self._peek_recorded()
+        if leftover is not None:
+            # The code ended where the history records more steps: it no longer does what
+            # the recorded run did (the recorded calls' effects would be silently lost).
+            ended = NondeterminismError(
+                leftover.step, leftover.describe(), "no host function: the entry point returned"
+            )
+            return failed(ErrorCode.NONDETERMINISM, str(ended))
         if reply.status == Status.OK:
             return Completed(reply.payload)
         if status is None:

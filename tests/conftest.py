@@ -1,0 +1,49 @@
+"""Suite-wide fixtures: the database user switch on PostgreSQL, and tenants."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+
+
+@pytest.fixture(scope="session")
+def django_db_setup(django_db_setup: Any, django_db_blocker: Any) -> Iterator[None]:
+    """On PostgreSQL, migrate as the owner (done by pytest-django), then run every test as the
+    application role, so the row-level security policies apply to the suite itself."""
+    from django.db import connection
+
+    from workflows.rls import app_role
+
+    if connection.vendor != "postgresql":
+        yield
+        return
+    with django_db_blocker.unblock():
+        with connection.cursor() as cursor:
+            # Flushing between transactional tests truncates tables; only tests need that.
+            cursor.execute(f"GRANT TRUNCATE ON ALL TABLES IN SCHEMA public TO {app_role()}")
+        connection.close()
+        owner = connection.settings_dict["USER"]
+        connection.settings_dict["USER"] = app_role()
+    yield
+    with django_db_blocker.unblock():
+        connection.close()
+        connection.settings_dict["USER"] = owner
+
+
+@pytest.fixture
+def tenant(transactional_db: Any) -> Any:
+    """The default tenant (a flush between transactional tests removes the migration's row)."""
+    from workflows.models import DEFAULT_TENANT_ID, Tenant
+
+    found, _ = Tenant.objects.get_or_create(id=DEFAULT_TENANT_ID, defaults={"name": "default"})
+    return found
+
+
+@pytest.fixture
+def other_tenant(transactional_db: Any) -> Any:
+    from workflows.models import Tenant
+
+    found, _ = Tenant.objects.get_or_create(name="other")
+    return found

@@ -1,0 +1,254 @@
+"""The wasmtime runtime: the compiled-module cache (memory LRU and disk artifacts), entry
+points, and the segment deadline's treatment of time spent in services."""
+
+from __future__ import annotations
+
+import hashlib
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import wasmtime
+
+from engine.config import EngineConfig
+from engine.inmemory import InMemoryStorage
+from engine.runtime import WASMTIME_VERSION, WasmRuntime
+from engine.services import Services
+from engine.session import Completed, Failed, RunInfo
+from engine.testing import VirtualClock, WorkflowEnvironment
+
+RESULT = '{"n":NUM}'
+
+
+def numbered_module(n: int) -> bytes:
+    """A valid workflow returning ``{"n": n}``; distinct ``n`` give distinct modules."""
+    result = RESULT.replace("NUM", str(n))
+    escaped = result.replace('"', '\\"')
+    return wasmtime.wat2wasm(f"""(module
+  (memory (export "memory") 1)
+  (global $heap (mut i32) (i32.const 1024))
+  (data (i32.const 16) "\\00{escaped}")
+  (func (export "cleat_alloc") (param $n i32) (result i32)
+    (local $p i32)
+    (local.set $p (global.get $heap))
+    (global.set $heap (i32.add (global.get $heap) (local.get $n)))
+    (local.get $p))
+  (func (export "run") (param i32 i32) (result i64)
+    (i64.const {(16 << 32) | (1 + len(result))})))""")
+
+
+def completes_with(runtime: WasmRuntime, wasm: bytes, n: int) -> bool:
+    """Run ``wasm`` on ``runtime``; True when it returned ``{"n": n}``."""
+    env = WorkflowEnvironment(runtime=runtime)
+    env.deploy("numbered", wasm)
+    return bool(env.result(env.run("numbered")) == {"n": n})
+
+
+@pytest.fixture
+def make_runtime() -> Iterator[Any]:
+    """Factory of runtimes that are all closed after the test."""
+    made: list[WasmRuntime] = []
+
+    def make(**config: Any) -> WasmRuntime:
+        rt = WasmRuntime(EngineConfig(**config))
+        made.append(rt)
+        return rt
+
+    yield make
+    for rt in made:
+        rt.close()
+
+
+# --- memory LRU ----------------------------------------------------------------------------
+
+
+def test_second_load_is_a_memory_hit(make_runtime: Any) -> None:
+    """Loading the same bytes again returns the cached module without compiling."""
+    rt = make_runtime()
+    wasm = numbered_module(1)
+    first = rt.load(wasm)
+    assert (rt.modules.hits, rt.modules.misses) == (0, 1)
+    second = rt.load(wasm)
+    assert second is first
+    assert (rt.modules.hits, rt.modules.misses) == (1, 1)
+    assert first.info.sha256 == hashlib.sha256(wasm).hexdigest()
+
+
+def test_least_recently_used_module_is_evicted_at_size(make_runtime: Any) -> None:
+    """With room for two modules, loading a third evicts the one used least recently."""
+    rt = make_runtime(module_cache_size=2)
+    a, b, c = numbered_module(1), numbered_module(2), numbered_module(3)
+    rt.load(a)
+    rt.load(b)
+    rt.load(a)  # a is now the most recently used; b the least
+    rt.load(c)  # evicts b
+    assert (rt.modules.hits, rt.modules.misses) == (1, 3)
+    rt.load(a)
+    assert (rt.modules.hits, rt.modules.misses) == (2, 3), "a should have stayed cached"
+    rt.load(b)
+    assert (rt.modules.hits, rt.modules.misses) == (2, 4), "b should have been evicted"
+    assert completes_with(rt, b, 2)
+
+
+# --- disk cache ----------------------------------------------------------------------------
+
+
+def artifacts(directory: Path) -> list[Path]:
+    return sorted(directory.glob("*.cwasm"))
+
+
+def test_disk_cache_is_shared_between_runtimes(make_runtime: Any, tmp_path: Path) -> None:
+    """A second runtime with the same cache directory deserializes instead of compiling."""
+    wasm = numbered_module(7)
+    first = make_runtime(module_cache_dir=tmp_path)
+    first.load(wasm)
+    assert (first.modules.disk_hits, first.modules.misses) == (0, 1)
+    [artifact] = artifacts(tmp_path)
+    assert artifact.name.startswith(hashlib.sha256(wasm).hexdigest())
+    assert WASMTIME_VERSION in artifact.name
+
+    second = make_runtime(module_cache_dir=tmp_path)
+    second.load(wasm)
+    assert (second.modules.disk_hits, second.modules.misses) == (1, 0)
+    assert completes_with(second, wasm, 7)
+
+
+def test_disk_cache_key_includes_the_engine_configuration(
+    make_runtime: Any, tmp_path: Path
+) -> None:
+    """Code compiled without fuel metering is not reused by a runtime that meters fuel."""
+    wasm = numbered_module(8)
+    make_runtime(module_cache_dir=tmp_path).load(wasm)
+    fueled = make_runtime(module_cache_dir=tmp_path, fuel=1_000_000)
+    fueled.load(wasm)
+    assert (fueled.modules.disk_hits, fueled.modules.misses) == (0, 1)
+    assert len(artifacts(tmp_path)) == 2
+    assert completes_with(fueled, wasm, 8)
+
+
+def test_corrupted_artifact_is_discarded_and_recompiled(make_runtime: Any, tmp_path: Path) -> None:
+    """An unreadable cache file costs a compile, not a failure, and is replaced."""
+    wasm = numbered_module(9)
+    make_runtime(module_cache_dir=tmp_path).load(wasm)
+    [artifact] = artifacts(tmp_path)
+    artifact.write_bytes(b"this is not a serialized module")
+
+    recovering = make_runtime(module_cache_dir=tmp_path)
+    recovering.load(wasm)
+    assert (recovering.modules.disk_hits, recovering.modules.misses) == (0, 1)
+    assert completes_with(recovering, wasm, 9)
+    assert artifact.read_bytes() != b"this is not a serialized module"
+
+    # the rewritten artifact is good again
+    third = make_runtime(module_cache_dir=tmp_path)
+    third.load(wasm)
+    assert (third.modules.disk_hits, third.modules.misses) == (1, 0)
+
+
+def test_unwritable_cache_directory_is_not_an_error(make_runtime: Any, tmp_path: Path) -> None:
+    """A cache directory that cannot be created only costs the disk cache."""
+    blocker = tmp_path / "file"
+    blocker.write_text("a file where the cache directory should be")
+    rt = make_runtime(module_cache_dir=blocker / "cache")
+    wasm = numbered_module(10)
+    rt.load(wasm)
+    assert rt.modules.misses == 1
+    assert completes_with(rt, wasm, 10)
+
+
+# --- entry points --------------------------------------------------------------------------
+
+
+def test_unknown_entry_point_fails_with_invalid_module(make_runtime: Any) -> None:
+    """run_segment with an entry point the module does not export fails the run cleanly."""
+    rt = make_runtime()
+    module = rt.load(numbered_module(11))
+    clock = VirtualClock()
+    storage = InMemoryStorage(clock.now)
+    record = storage.create_run("numbered", 1, "null")
+    claimed = storage.claim("w", clock.now())
+    assert claimed is not None and claimed.run_id == record.run_id
+    info = RunInfo(
+        ref=storage.ref(claimed),
+        definition="numbered",
+        version=1,
+        input="null",
+        start_ms=clock.now(),
+        entry_point="no_such_export",
+    )
+    result = rt.run_segment(module, info, [], storage, Services.from_settings(), clock.now)
+    assert isinstance(result.outcome, Failed)
+    assert result.outcome.code == "invalid_module"
+    assert "no_such_export" in result.outcome.message
+    assert "run" in result.outcome.message  # the entry points it does offer
+
+    # the same segment with the default entry point completes
+    ok = rt.run_segment(
+        module,
+        RunInfo(info.ref, "numbered", 1, "null", clock.now()),
+        [],
+        storage,
+        Services.from_settings(),
+        clock.now,
+    )
+    assert ok.outcome == Completed('{"n":11}')
+
+
+# --- deadlines and I/O ---------------------------------------------------------------------
+
+SLOW_CALLS_WAT = """(module
+  (import "env" "durable_call" (func $call (param i32 i32 i32 i32 i32 i32) (result i64)))
+  (memory (export "memory") 1)
+  (global $heap (mut i32) (i32.const 1024))
+  (data (i32.const 100) "slow")
+  (data (i32.const 110) "wait")
+  (data (i32.const 120) "{}")
+  (func (export "cleat_alloc") (param $n i32) (result i32)
+    (local $p i32)
+    (local.set $p (global.get $heap))
+    (global.set $heap (i32.add (global.get $heap) (local.get $n)))
+    (local.get $p))
+  (func (export "run") (param i32 i32) (result i64)
+    (local $r i64)
+    (local $i i32)
+    (drop (call $call (i32.const 100) (i32.const 4) (i32.const 110) (i32.const 4)
+                      (i32.const 120) (i32.const 2)))
+    (local.set $r (call $call (i32.const 100) (i32.const 4) (i32.const 110) (i32.const 4)
+                              (i32.const 120) (i32.const 2)))
+    ;; some guest work after the calls: loop headers are where the epoch is checked
+    (loop $spin
+      (local.set $i (i32.add (local.get $i) (i32.const 1)))
+      (br_if $spin (i32.lt_u (local.get $i) (i32.const 10000))))
+    (local.get $r)))"""
+
+
+class SlowService:
+    """A Python service whose ``wait`` operation sleeps longer than a segment deadline."""
+
+    def __init__(self, seconds: float) -> None:
+        self.seconds = seconds
+        self.calls = 0
+
+    def wait(self, request: Any, *, idempotency_key: str, context: Any) -> dict[str, int]:
+        self.calls += 1
+        time.sleep(self.seconds)
+        return {"slept": self.calls}
+
+
+def test_deadline_does_not_count_time_spent_in_services(make_runtime: Any) -> None:
+    """Two 0.4 s service calls under a 0.3 s deadline: the guest itself is quick, so the run
+    completes although the segment took far longer than the deadline."""
+    rt = make_runtime(segment_timeout_s=0.3, epoch_tick_s=0.01)
+    service = SlowService(0.4)
+    env = WorkflowEnvironment(services={"slow": service}, runtime=rt)
+    env.deploy("slow", wasmtime.wat2wasm(SLOW_CALLS_WAT))
+    started = time.monotonic()
+    run = env.run("slow")
+    elapsed = time.monotonic() - started
+    described = env.describe(run)
+    assert described["status"] == "done", described["error"]
+    assert elapsed > 2 * 0.3, "the service calls should outlast the deadline"
+    assert env.result(run) == {"slept": 2}
+    assert service.calls == 2

@@ -1,0 +1,130 @@
+"""Runs one claimed segment: load, execute on the engine, finalize. Shared by the worker and
+by anything else that executes runs (tests, the Celery dispatch mode)."""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from datetime import datetime
+
+from engine.errors import FenceLost
+from engine.runtime import WasmRuntime
+from engine.services import Services
+from engine.session import Completed, ContinuedAsNew, Failed, RunInfo, Suspended
+from workflows.conf import cleat_settings
+from workflows.store.lifecycle import Claim, finalize_segment, load_run, load_wasm, release
+from workflows.store.storage import DjangoStorage
+
+log = logging.getLogger("cleat.worker")
+
+HOST_FAILURE_BACKOFF_S = 5.0
+
+_runtime: WasmRuntime | None = None
+_services: Services | None = None
+_lock = threading.Lock()
+
+
+def get_runtime() -> WasmRuntime:
+    """The process's wasmtime runtime (one engine, one epoch ticker, one module cache)."""
+    global _runtime
+    with _lock:
+        if _runtime is None:
+            _runtime = WasmRuntime(cleat_settings().engine)
+        return _runtime
+
+
+def get_services() -> Services:
+    global _services
+    with _lock:
+        if _services is None:
+            _services = cleat_settings().build_services()
+        return _services
+
+
+def set_services(services: Services | None) -> None:
+    """Replace the services (tests, benchmarks)."""
+    global _services
+    with _lock:
+        _services = services
+
+
+@dataclass(frozen=True)
+class SegmentReport:
+    run_id: str
+    outcome: str  # completed, failed, suspended, continued, fence_lost, gone
+    status: str
+    steps: int
+    replayed: int
+    elapsed_ms: float
+    detail: str = ""
+
+
+def execute_claim(
+    claim: Claim, worker_id: str, clock: Callable[[], datetime] | None = None
+) -> SegmentReport:
+    """Run one claimed segment. ``clock`` replaces the wall clock (tests with virtual time)."""
+    started = time.monotonic()
+    loaded = load_run(claim, worker_id)
+    if loaded is None:
+        return SegmentReport(str(claim.id), "gone", "", 0, 0, 0.0)
+    runtime = get_runtime()
+    module = runtime.modules.peek(loaded.sha256)
+    if module is None:
+        module = runtime.load(load_wasm(claim.tenant_id, loaded.definition_id), loaded.sha256)
+    instance = loaded.instance
+    run = RunInfo(
+        ref=loaded.ref,
+        definition=instance.definition_name,
+        version=instance.definition_version,
+        input=instance.input,
+        start_ms=int(instance.created_at.timestamp() * 1000),
+        entry_point=instance.entry_point,
+        max_history_events=loaded.max_history_length or None,
+    )
+    storage = DjangoStorage(claim.tenant_id, clock)
+    engine_clock = (lambda: int(clock().timestamp() * 1000)) if clock else None
+    try:
+        result = runtime.run_segment(
+            module, run, loaded.history, storage, get_services(), engine_clock
+        )
+        finalized = finalize_segment(loaded.ref, result, clock() if clock else None)
+    except FenceLost as exc:
+        log.info("event=fence_lost run=%s detail=%s", claim.id, exc)
+        return SegmentReport(str(claim.id), "fence_lost", "", 0, 0, _ms(started), str(exc))
+    except Exception:
+        log.exception("event=segment_error run=%s", claim.id)
+        try:
+            # Not at once: a failure around the segment (database, bug) would come straight
+            # back and spin the worker.
+            release(loaded.ref, delay_s=HOST_FAILURE_BACKOFF_S)
+        except Exception:
+            log.exception("event=release_error run=%s", claim.id)
+        raise
+    outcome = result.outcome
+    kind = {
+        Completed: "completed",
+        Failed: "failed",
+        Suspended: "suspended",
+        ContinuedAsNew: "continued",
+    }[type(outcome)]
+    detail = ""
+    if isinstance(outcome, Failed):
+        detail = f"{outcome.code.value}: {outcome.message[:200]}"
+    elif isinstance(outcome, Suspended):
+        detail = outcome.wait.describe()
+    return SegmentReport(
+        str(claim.id),
+        kind,
+        finalized.status,
+        len(result.recorded),
+        result.replayed_steps,
+        _ms(started),
+        detail,
+    )
+
+
+def _ms(started: float) -> float:
+    return (time.monotonic() - started) * 1000

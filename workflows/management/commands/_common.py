@@ -1,0 +1,49 @@
+"""Shared pieces of the management commands."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from django.core.management.base import CommandError, CommandParser
+
+from workflows.models import DEFAULT_TENANT_ID, Tenant
+from workflows.services import ServiceError, get_tenant
+
+
+def add_tenant_argument(parser: CommandParser) -> None:
+    parser.add_argument(
+        "--tenant",
+        default=str(DEFAULT_TENANT_ID),
+        help="tenant name or id (default: the default tenant)",
+    )
+
+
+def tenant_from(options: dict[str, Any]) -> Tenant:
+    try:
+        return get_tenant(options["tenant"])
+    except ServiceError as exc:
+        raise CommandError(exc.message) from None
+
+
+def parse_json_option(value: str | None, name: str) -> Any:
+    if value is None:
+        return None
+    try:
+        return json.loads(value)
+    except json.JSONDecodeError as exc:
+        raise CommandError(f"--{name} is not valid JSON: {exc.msg} at column {exc.colno}") from None
+
+
+def fail(exc: ServiceError) -> CommandError:
+    where = f" ({exc.field})" if exc.field else ""
+    return CommandError(f"{exc.message}{where}")
+
+
+class VersionOptionMixin:
+    """Lets a command define its own ``--version N`` (Django reserves ``--version`` for
+    printing Django's version; these commands mean the workflow version)."""
+
+    def create_parser(self, prog_name: str, subcommand: str, **kwargs: Any) -> CommandParser:
+        kwargs.setdefault("conflict_handler", "resolve")
+        return super().create_parser(prog_name, subcommand, **kwargs)  # type: ignore[misc,no-any-return]

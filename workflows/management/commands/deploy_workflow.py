@@ -1,0 +1,56 @@
+"""``manage.py deploy_workflow NAME PATH``: deploy a module and print its version."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import wasmtime
+from django.core.management.base import BaseCommand, CommandError, CommandParser
+
+from workflows.management.commands._common import (
+    VersionOptionMixin,
+    add_tenant_argument,
+    fail,
+    tenant_from,
+)
+from workflows.services import ServiceError, deploy_definition
+
+
+class Command(VersionOptionMixin, BaseCommand):
+    help = "Deploy a workflow module (.wasm, or .wat text) as the next version of NAME."
+
+    def add_arguments(self, parser: CommandParser) -> None:
+        parser.add_argument("name")
+        parser.add_argument("path")
+        parser.add_argument("--version", type=int, default=None, dest="def_version")
+        parser.add_argument("--min-version", type=int, default=0)
+        parser.add_argument(
+            "--max-history", type=int, default=0, help="events before continue-as-new"
+        )
+        add_tenant_argument(parser)
+
+    def handle(self, *args: Any, **options: Any) -> None:
+        tenant = tenant_from(options)
+        path = Path(options["path"])
+        try:
+            data = path.read_bytes()
+        except OSError as exc:
+            raise CommandError(f"cannot read {path}: {exc.strerror}") from None
+        if path.suffix == ".wat":
+            try:
+                data = wasmtime.wat2wasm(data.decode())
+            except (wasmtime.WasmtimeError, UnicodeDecodeError) as exc:
+                raise CommandError(f"{path} is not valid WAT: {exc}") from None
+        try:
+            definition = deploy_definition(
+                tenant,
+                options["name"],
+                data,
+                version=options["def_version"],
+                min_version=options["min_version"],
+                max_history_length=options["max_history"],
+            )
+        except ServiceError as exc:
+            raise fail(exc) from None
+        self.stdout.write(str(definition.version))

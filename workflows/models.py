@@ -1,0 +1,470 @@
+"""Tenants, API keys, workflow definitions, instances, their event history and everything a
+running instance owns (signals, promises, updates, locks, scoped state, invocations), and
+the audit log of operators' actions.
+
+Every tenant-scoped table has ``tenant_id``; on PostgreSQL the migrations enable and force
+row-level security on each (``workflows/rls.py``). Status values, event types and error codes
+are each defined once: statuses here, event types and error codes in ``engine``.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import secrets
+import uuid
+from typing import Any
+
+from django.core.validators import MinValueValidator, RegexValidator
+from django.db import models
+from django.utils import timezone
+
+from engine.errors import ErrorCode
+from engine.events import EventType
+
+DEFAULT_TENANT_ID = uuid.UUID("00000000-0000-0000-0000-000000000000")
+
+name_validator = RegexValidator(
+    r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,127}$",
+    "Use 1-128 letters, digits, '.', '_' or '-', starting with a letter or digit.",
+)
+
+
+class Status(models.TextChoices):
+    READY = "ready", "ready"
+    RUNNING = "running", "running"
+    DONE = "done", "done"
+    FAILED = "failed", "failed"
+    DEAD_LETTERED = "dead_lettered", "dead-lettered"
+    TERMINATED = "terminated", "terminated"
+    PAUSED = "paused", "paused"
+
+
+TERMINAL_STATUSES = frozenset({Status.DONE, Status.FAILED, Status.DEAD_LETTERED, Status.TERMINATED})
+ACTIVE_STATUSES = frozenset({Status.READY, Status.RUNNING, Status.PAUSED})
+
+ERROR_CODE_CHOICES = [(c.value, c.value) for c in ErrorCode]
+EVENT_TYPE_CHOICES = [(t.code, t.value) for t in EventType]
+
+
+class Kind(models.TextChoices):
+    CORE = "core", "core module"
+    COMPONENT = "component", "component"
+
+
+class Role(models.TextChoices):
+    READ_ONLY = "read_only", "read-only"
+    OPERATOR = "operator", "operator"
+    ADMIN = "admin", "admin"
+
+
+class ParentClosePolicy(models.TextChoices):
+    TERMINATE = "terminate", "terminate"
+    ABANDON = "abandon", "abandon"
+    REQUEST_CANCEL = "request_cancel", "request cancel"
+
+
+class Tenant(models.Model):
+    """A tenant: everything else belongs to exactly one. Not itself RLS-scoped (it is the
+    registry the scoping refers to); the application role may only read it."""
+
+    id = models.UUIDField(primary_key=True, default=uuid.uuid4, editable=False)
+    name = models.CharField(max_length=128, unique=True, validators=[name_validator])
+    schedule_quota = models.PositiveIntegerField(
+        default=100, help_text="Most schedules this tenant may hold (workflows and API alike)."
+    )
+    is_active = models.BooleanField(default=True)
+    created_at = models.DateTimeField(default=timezone.now)
+
+    class Meta:
+        ordering = ["name"]
+
+    def __str__(self) -> str:
+        return self.name
+
+
+class TenantScoped(models.Model):
+    tenant = models.ForeignKey(Tenant, on_delete=models.CASCADE, db_index=True)
+
+    class Meta:
+        abstract = True
+
+
+def hash_api_key(plaintext: str) -> str:
+    return hashlib.sha256(plaintext.encode()).hexdigest()
+
+
+class ApiKey(TenantScoped):
+    """A client credential. Only the SHA-256 of the key is stored; the key is shown once."""
+
+    name = models.CharField(max_length=128)
+    prefix = models.CharField(max_length=12, help_text="First characters, to recognise a key.")
+    key_hash = models.CharField(max_length=64, unique=True, editable=False)
+    role = models.CharField(max_length=16, choices=Role.choices, default=Role.OPERATOR)
+    created_at = models.DateTimeField(default=timezone.now)
+    last_used_at = models.DateTimeField(null=True, blank=True)
+    revoked_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        verbose_name = "API key"
+        ordering = ["-created_at"]
+
+    def __str__(self) -> str:
+        return f"{self.name} ({self.prefix}…)"
+
+    @classmethod
+    def issue(cls, tenant: Tenant, name: str, role: str = Role.OPERATOR) -> tuple[ApiKey, str]:
+        """Create a key and return it with its plaintext (the only time it is available)."""
+        plaintext = "clt_" + secrets.token_urlsafe(32)
+        key = cls.objects.create(
+            tenant=tenant,
+            name=name,
+            prefix=plaintext[:12],
+            key_hash=hash_api_key(plaintext),
+            role=role,
+        )
+        return key, plaintext
+
+    @property
+    def is_active(self) -> bool:
+        return self.revoked_at is None
+
+
+class WorkflowDefinition(TenantScoped):
+    """One deployed version of a workflow: the WebAssembly bytes and what deploy learned."""
+
+    name = models.CharField(max_length=128, validators=[name_validator])
+    version = models.PositiveIntegerField(validators=[MinValueValidator(1)])
+    wasm = models.BinaryField()
+    sha256 = models.CharField(max_length=64, db_index=True)
+    size = models.PositiveIntegerField(default=0)
+    kind = models.CharField(max_length=16, choices=Kind.choices, default=Kind.CORE)
+    abi_version = models.PositiveSmallIntegerField(default=1)
+    min_version = models.PositiveIntegerField(
+        default=0, help_text="Oldest version whose histories this code can still replay."
+    )
+    entry_points = models.JSONField(default=list)
+    plugin_dependencies = models.JSONField(default=dict, blank=True)
+    max_history_length = models.PositiveIntegerField(
+        default=0, help_text="Events before a run continues as new (0: the engine default)."
+    )
+    retry_max_attempts = models.PositiveIntegerField(
+        default=3, help_text="Segments attempted for a retryable failure before dead-lettering."
+    )
+    retry_initial_interval_s = models.FloatField(default=1.0)
+    retry_backoff_coefficient = models.FloatField(default=2.0)
+    retry_max_interval_s = models.FloatField(default=300.0)
+    deprecated = models.BooleanField(default=False)
+    created_at = models.DateTimeField(default=timezone.now)
+
+    class Meta:
+        constraints = [
+            models.UniqueConstraint(
+                fields=["tenant", "name", "version"], name="definition_unique_version"
+            )
+        ]
+        indexes = [models.Index(fields=["tenant", "name", "-version"])]
+        ordering = ["name", "-version"]
+
+    def __str__(self) -> str:
+        return f"{self.name} v{self.version}"
+
+    def retry_delay_s(self, attempt: int) -> float:
+        """Backoff before retry ``attempt`` (1-based)."""
+        delay = self.retry_initial_interval_s * self.retry_backoff_coefficient ** max(
+            0, attempt - 1
+        )
+        return min(delay, self.retry_max_interval_s)
+
+
+class VersionTag(TenantScoped):
+    """A named pointer to a version ("stable", "canary")."""
+
+    name = models.CharField(max_length=128)
+    tag = models.CharField(max_length=64, validators=[name_validator])
+    version = models.PositiveIntegerField()
+
+    class Meta:
+        constraints = [
+            models.UniqueConstraint(fields=["tenant", "name", "tag"], name="version_tag_unique")
+        ]
+
+
+class RoutingRule(TenantScoped):
+    """Weighted routing of new starts across versions (A/B, canaries)."""
+
+    name = models.CharField(max_length=128)
+    version = models.PositiveIntegerField()
+    weight = models.FloatField(validators=[MinValueValidator(0.0)])
+
+    class Meta:
+        constraints = [
+            models.UniqueConstraint(
+                fields=["tenant", "name", "version"], name="routing_rule_unique"
+            )
+        ]
+
+
+class WorkflowInstance(TenantScoped):
+    """One run of a workflow. ``id`` is the run id; ``workflow_id`` stays the same across
+    continue-as-new, so the chain of runs shares it."""
+
+    id = models.UUIDField(primary_key=True, default=uuid.uuid4, editable=False)
+    workflow_id = models.CharField(max_length=128, db_index=True)
+    definition = models.ForeignKey(WorkflowDefinition, on_delete=models.PROTECT)
+    definition_name = models.CharField(max_length=128)
+    definition_version = models.PositiveIntegerField()
+    entry_point = models.CharField(max_length=128, default="run")
+    status = models.CharField(max_length=16, choices=Status.choices, default=Status.READY)
+    input = models.TextField(default="null")
+    result = models.TextField(null=True, blank=True)
+    error = models.TextField(null=True, blank=True)
+    error_code = models.CharField(max_length=32, null=True, blank=True, choices=ERROR_CODE_CHOICES)
+    # Claim and fencing: a claim sets running + assigned_to and bumps generation; every
+    # write of the segment names (assigned_to, generation) and touches nothing otherwise.
+    generation = models.BigIntegerField(default=0)
+    assigned_to = models.CharField(max_length=128, null=True, blank=True)
+    heartbeat_at = models.DateTimeField(null=True, blank=True)
+    # Due when next_wake_at <= now; NULL while waiting for something to wake it.
+    next_wake_at = models.DateTimeField(null=True, blank=True, default=timezone.now)
+    priority = models.IntegerField(default=0)
+    task_queue = models.CharField(max_length=64, default="default")
+    sticky_worker = models.CharField(max_length=128, null=True, blank=True)
+    parent = models.ForeignKey(
+        "self", null=True, blank=True, on_delete=models.SET_NULL, related_name="children"
+    )
+    parent_close_policy = models.CharField(
+        max_length=16, choices=ParentClosePolicy.choices, default=ParentClosePolicy.TERMINATE
+    )
+    continued_from = models.OneToOneField(
+        "self", null=True, blank=True, on_delete=models.SET_NULL, related_name="continued_as"
+    )
+    start_idempotency_key = models.CharField(max_length=255, null=True, blank=True)
+    allowed_signals = models.JSONField(null=True, blank=True, help_text="None: any signal.")
+    query_state = models.JSONField(default=dict, blank=True)
+    compaction_state = models.JSONField(null=True, blank=True)
+    event_count = models.PositiveIntegerField(default=0)
+    cancel_requested = models.BooleanField(default=False)
+    cancel_reason = models.TextField(null=True, blank=True)
+    trace_id = models.CharField(max_length=32, null=True, blank=True)
+    attempt = models.PositiveIntegerField(default=1, help_text="Segment attempt after failures.")
+    waiting_on = models.JSONField(null=True, blank=True)
+    paused_from = models.CharField(max_length=16, null=True, blank=True)
+    created_at = models.DateTimeField(default=timezone.now)
+    updated_at = models.DateTimeField(auto_now=True)
+    started_at = models.DateTimeField(null=True, blank=True)
+    completed_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        constraints = [
+            # NULLs are distinct in a unique index on every backend we test, so runs started
+            # without a key never collide; a plain constraint also works on MariaDB, which
+            # has no partial indexes.
+            models.UniqueConstraint(
+                fields=["tenant", "start_idempotency_key"], name="instance_start_idempotency_key"
+            )
+        ]
+        indexes = [
+            models.Index(fields=["status", "task_queue", "next_wake_at"], name="instance_due"),
+            models.Index(fields=["tenant", "status", "created_at"], name="instance_listing"),
+            models.Index(fields=["assigned_to", "status"], name="instance_owner"),
+        ]
+        ordering = ["-created_at"]
+
+    def __str__(self) -> str:
+        return f"{self.definition_name} {self.id}"
+
+    @property
+    def is_terminal(self) -> bool:
+        return self.status in TERMINAL_STATUSES
+
+    @property
+    def waiting_description(self) -> str:
+        return (self.waiting_on or {}).get("description", "")
+
+
+class WorkflowEvent(TenantScoped):
+    """One step of a run's history, as the engine's codec encodes it. Append-only, except
+    that a write-ahead intent (``checksum`` empty, ``intent_at`` set) gets its outcome."""
+
+    instance = models.ForeignKey(WorkflowInstance, on_delete=models.CASCADE, related_name="events")
+    step = models.PositiveIntegerField()
+    type_code = models.PositiveSmallIntegerField(choices=EVENT_TYPE_CHOICES)
+    payload = models.TextField()
+    timestamp_ms = models.BigIntegerField()
+    checksum = models.CharField(max_length=64, blank=True)
+    intent_at = models.DateTimeField(null=True, blank=True)
+    created_at = models.DateTimeField(default=timezone.now)
+
+    class Meta:
+        constraints = [
+            models.UniqueConstraint(fields=["instance", "step"], name="event_unique_step")
+        ]
+        ordering = ["instance", "step"]
+
+    def __str__(self) -> str:
+        return f"{self.instance_id}#{self.step}"
+
+    @property
+    def event_type(self) -> str:
+        try:
+            return EventType(dict(EVENT_TYPE_CHOICES)[self.type_code]).value
+        except (KeyError, ValueError):
+            return f"unknown({self.type_code})"
+
+    @property
+    def pending(self) -> bool:
+        return self.intent_at is not None and not self.checksum
+
+
+class Signal(TenantScoped):
+    instance = models.ForeignKey(WorkflowInstance, on_delete=models.CASCADE, related_name="signals")
+    name = models.CharField(max_length=256)
+    payload = models.TextField(default="null")
+    correlation_id = models.CharField(max_length=160, blank=True)
+    sender = models.CharField(max_length=128, blank=True)
+    created_at = models.DateTimeField(default=timezone.now)
+    consumed_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        indexes = [models.Index(fields=["instance", "consumed_at", "id"], name="signal_pending")]
+        ordering = ["id"]
+
+
+class Promise(TenantScoped):
+    class State(models.TextChoices):
+        PENDING = "pending", "pending"
+        RESOLVED = "resolved", "resolved"
+        REJECTED = "rejected", "rejected"
+
+    id = models.CharField(primary_key=True, max_length=64)
+    instance = models.ForeignKey(
+        WorkflowInstance, on_delete=models.CASCADE, related_name="promises"
+    )
+    name = models.CharField(max_length=256)
+    status = models.CharField(max_length=16, choices=State.choices, default=State.PENDING)
+    value = models.TextField(blank=True, default="")
+    error = models.TextField(blank=True, default="")
+    created_at = models.DateTimeField(default=timezone.now)
+    settled_at = models.DateTimeField(null=True, blank=True)
+
+
+class UpdateRequest(TenantScoped):
+    class State(models.TextChoices):
+        PENDING = "pending", "pending"
+        DONE = "done", "done"
+        FAILED = "failed", "failed"
+
+    id = models.UUIDField(primary_key=True, default=uuid.uuid4, editable=False)
+    instance = models.ForeignKey(WorkflowInstance, on_delete=models.CASCADE, related_name="updates")
+    name = models.CharField(max_length=128)
+    payload = models.TextField(default="null")
+    status = models.CharField(max_length=16, choices=State.choices, default=State.PENDING)
+    result = models.TextField(blank=True, default="")
+    created_at = models.DateTimeField(default=timezone.now)
+    completed_at = models.DateTimeField(null=True, blank=True)
+
+
+class ConcurrencyKey(TenantScoped):
+    """A lock (``acquire_lock``): held by a workflow id until released or expired."""
+
+    key = models.CharField(max_length=255)
+    holder = models.CharField(max_length=128)
+    acquired_at = models.DateTimeField(default=timezone.now)
+    expires_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        constraints = [
+            models.UniqueConstraint(fields=["tenant", "key"], name="concurrency_key_unique")
+        ]
+
+
+class WorkflowState(TenantScoped):
+    """Durable key/value state: a workflow's own scope (``wf:<workflow_id>``) survives
+    continue-as-new; object scopes (``obj:<type>:<key>``) are shared by workflows."""
+
+    scope = models.CharField(max_length=320)
+    key = models.CharField(max_length=255)
+    value = models.TextField()
+    updated_at = models.DateTimeField(auto_now=True)
+
+    class Meta:
+        constraints = [
+            models.UniqueConstraint(fields=["tenant", "scope", "key"], name="state_unique_key")
+        ]
+
+
+class Invocation(TenantScoped):
+    """A call the host makes for a workflow later: ``durable_send`` (at once, at least
+    once) and ``durable_schedule_invoke`` (after a delay, even if the workflow ended)."""
+
+    class State(models.TextChoices):
+        PENDING = "pending", "pending"
+        DELIVERED = "delivered", "delivered"
+        FAILED = "failed", "failed"
+
+    id = models.CharField(primary_key=True, max_length=64)
+    instance = models.ForeignKey(
+        WorkflowInstance, null=True, on_delete=models.SET_NULL, related_name="invocations"
+    )
+    service = models.CharField(max_length=128)
+    operation = models.CharField(max_length=128)
+    request = models.TextField()
+    idempotency_key = models.CharField(max_length=64)
+    deliver_at = models.DateTimeField()
+    attempts = models.PositiveIntegerField(default=0)
+    status = models.CharField(max_length=16, choices=State.choices, default=State.PENDING)
+    last_error = models.TextField(blank=True, default="")
+    delivered_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        indexes = [models.Index(fields=["status", "deliver_at"], name="invocation_due")]
+
+
+class AuditLog(TenantScoped):
+    """What an operator did, written in the same transaction as the change itself."""
+
+    instance = models.ForeignKey(
+        WorkflowInstance, null=True, blank=True, on_delete=models.SET_NULL, related_name="audit"
+    )
+    action = models.CharField(max_length=64)
+    operator = models.CharField(max_length=150)
+    reason = models.TextField(blank=True, default="")
+    detail = models.JSONField(default=dict, blank=True)
+    created_at = models.DateTimeField(default=timezone.now)
+
+    class Meta:
+        ordering = ["-created_at"]
+
+    def __str__(self) -> str:
+        return f"{self.action} by {self.operator}"
+
+
+def instance_summary(instance: WorkflowInstance) -> dict[str, Any]:
+    """The JSON shape of an instance shared by commands and the API."""
+    return {
+        "id": str(instance.id),
+        "workflow_id": instance.workflow_id,
+        "definition": instance.definition_name,
+        "version": instance.definition_version,
+        "status": instance.status,
+        "result": instance.result,
+        "error": instance.error,
+        "error_code": instance.error_code,
+        "waiting_on": instance.waiting_description or None,
+        "attempt": instance.attempt,
+        "generation": instance.generation,
+        "events": instance.event_count,
+        "query_state": instance.query_state,
+        "parent": str(instance.parent_id) if instance.parent_id else None,
+        "continued_as": _continued_as(instance),
+        "created_at": instance.created_at.isoformat(),
+        "completed_at": instance.completed_at.isoformat() if instance.completed_at else None,
+    }
+
+
+def _continued_as(instance: WorkflowInstance) -> str | None:
+    try:
+        successor = instance.continued_as
+    except WorkflowInstance.DoesNotExist:
+        return None
+    return str(successor.id)

@@ -1,0 +1,596 @@
+"""The operations clients and operators perform on workflows. The REST API, the admin and the
+management commands all call these; nothing durable happens anywhere else.
+
+Every function takes the tenant explicitly and runs in its tenant context. Errors are
+:class:`ServiceError` subclasses carrying a stable ``code``, the HTTP status the API maps them
+to, and (for bad input) the offending ``field``.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+import time
+import uuid
+from typing import Any
+
+from django.db import IntegrityError, transaction
+from django.db.models import F, Max
+from django.utils import timezone
+
+from engine.errors import ErrorCode, InvalidModule
+from engine.events import AdminActionEvent, encode
+from workflows.models import (
+    TERMINAL_STATUSES,
+    AuditLog,
+    Promise,
+    RoutingRule,
+    Signal,
+    Status,
+    Tenant,
+    UpdateRequest,
+    VersionTag,
+    WorkflowDefinition,
+    WorkflowEvent,
+    WorkflowInstance,
+    name_validator,
+)
+from workflows.store import wake
+from workflows.store.lifecycle import terminate_instance
+from workflows.tenancy import tenant_context
+
+MAX_PAYLOAD_BYTES = 1024 * 1024
+
+
+class ServiceError(Exception):
+    code = "error"
+    http_status = 400
+
+    def __init__(self, message: str, field: str | None = None) -> None:
+        super().__init__(message)
+        self.message = message
+        self.field = field
+
+
+class InvalidInput(ServiceError):
+    code = "invalid"
+    http_status = 400
+
+
+class NotFound(ServiceError):
+    code = "not_found"
+    http_status = 404
+
+
+class Conflict(ServiceError):
+    """A stale generation, or a transition the run's status does not allow."""
+
+    code = "conflict"
+    http_status = 409
+
+
+class PayloadTooLarge(ServiceError):
+    code = "payload_too_large"
+    http_status = 413
+
+
+# --- helpers -------------------------------------------------------------------------------------
+
+
+def get_tenant(name_or_id: str | uuid.UUID | Tenant) -> Tenant:
+    if isinstance(name_or_id, Tenant):
+        return name_or_id
+    text = str(name_or_id)
+    try:
+        found = Tenant.objects.filter(id=uuid.UUID(text)).first()
+    except ValueError:
+        found = Tenant.objects.filter(name=text).first()
+    if found is None:
+        raise NotFound(f"unknown tenant {text!r}", field="tenant")
+    if not found.is_active:
+        raise Conflict(f"tenant {found.name!r} is deactivated", field="tenant")
+    return found
+
+
+def json_text(value: Any, field: str) -> str:
+    """A JSON document as text: strings must parse, other values are serialised."""
+    if value is None:
+        return "null"
+    if isinstance(value, bytes | bytearray):
+        value = value.decode("utf-8", "replace")
+    if isinstance(value, str):
+        try:
+            json.loads(value)
+        except json.JSONDecodeError as exc:
+            raise InvalidInput(
+                f"{field} is not valid JSON: {exc.msg} (line {exc.lineno} column {exc.colno})",
+                field,
+            ) from None
+        text = value
+    else:
+        try:
+            text = json.dumps(value, separators=(",", ":"))
+        except (TypeError, ValueError) as exc:
+            raise InvalidInput(f"{field} cannot be represented as JSON: {exc}", field) from None
+    if len(text.encode()) > MAX_PAYLOAD_BYTES:
+        raise PayloadTooLarge(f"{field} is larger than {MAX_PAYLOAD_BYTES} bytes", field)
+    return text
+
+
+def _validate_name(value: str, field: str) -> None:
+    try:
+        name_validator(value)
+    except Exception:
+        raise InvalidInput(
+            f"{field} {value!r} is not a valid name: {name_validator.message}", field
+        ) from None
+
+
+def get_instance(
+    tenant: Tenant, run_id: str | uuid.UUID, *, lock: bool = False
+) -> WorkflowInstance:
+    try:
+        run_uuid = uuid.UUID(str(run_id))
+    except ValueError:
+        raise NotFound(f"no workflow run {run_id!r}", field="run_id") from None
+    query = WorkflowInstance.objects.filter(tenant_id=tenant.id, id=run_uuid)
+    if lock:
+        query = query.select_for_update()
+    found = query.first()
+    if found is None:
+        raise NotFound(f"no workflow run {run_id}", field="run_id")
+    return found
+
+
+# --- definitions ---------------------------------------------------------------------------------
+
+
+def deploy_definition(
+    tenant: Tenant,
+    name: str,
+    wasm: bytes,
+    *,
+    version: int | None = None,
+    min_version: int = 0,
+    max_history_length: int = 0,
+    retry_max_attempts: int | None = None,
+) -> WorkflowDefinition:
+    """Validate ``wasm`` with wasmtime (refused with its reason) and store it as the next
+    version of ``name`` (or as ``version``)."""
+    from workflows.executor import get_runtime
+
+    _validate_name(name, "name")
+    if not wasm:
+        raise InvalidInput("the module is empty", "wasm")
+    try:
+        info = get_runtime().inspect(bytes(wasm))
+    except InvalidModule as exc:
+        raise InvalidInput(str(exc), "wasm") from None
+    if version is not None and version < 1:
+        raise InvalidInput("version must be a positive integer", "version")
+    with tenant_context(tenant.id):
+        existing = WorkflowDefinition.objects.filter(tenant_id=tenant.id, name=name)
+        if version is None:
+            version = (existing.aggregate(v=Max("version"))["v"] or 0) + 1
+        elif existing.filter(version=version).exists():
+            raise Conflict(f"{name} version {version} is already deployed", "version")
+        fields: dict[str, Any] = {}
+        if retry_max_attempts is not None:
+            fields["retry_max_attempts"] = retry_max_attempts
+        return WorkflowDefinition.objects.create(
+            tenant=tenant,
+            name=name,
+            version=version,
+            wasm=bytes(wasm),
+            sha256=info.sha256,
+            size=info.size,
+            kind=info.kind,
+            abi_version=info.abi_version,
+            min_version=min_version,
+            entry_points=list(info.entry_points),
+            max_history_length=max_history_length,
+            **fields,
+        )
+
+
+def resolve_definition(
+    tenant: Tenant, name: str, *, version: int | None = None, tag: str | None = None
+) -> WorkflowDefinition:
+    """Explicit version, else a tag, else weighted routing rules, else the latest
+    non-deprecated version."""
+    defs = WorkflowDefinition.objects.filter(tenant_id=tenant.id, name=name).defer("wasm")
+    if not defs.exists():
+        raise NotFound(f"no workflow definition named {name!r}", field="definition")
+    if version is not None:
+        found = defs.filter(version=version).first()
+        if found is None:
+            raise NotFound(f"{name} has no version {version}", field="version")
+        return found
+    if tag:
+        pinned = VersionTag.objects.filter(tenant_id=tenant.id, name=name, tag=tag).first()
+        if pinned is None:
+            raise NotFound(f"{name} has no tag {tag!r}", field="tag")
+        return resolve_definition(tenant, name, version=pinned.version)
+    rules = list(RoutingRule.objects.filter(tenant_id=tenant.id, name=name, weight__gt=0))
+    if rules:
+        chosen = random.choices(rules, weights=[r.weight for r in rules])[0]
+        found = defs.filter(version=chosen.version).first()
+        if found is not None:
+            return found
+    latest = defs.filter(deprecated=False).order_by("-version").first()
+    if latest is None:
+        raise NotFound(f"every version of {name} is deprecated", field="definition")
+    return latest
+
+
+# --- runs ---
+
+
+def start_workflow(
+    tenant: Tenant,
+    name: str,
+    input: Any = None,
+    *,
+    version: int | None = None,
+    tag: str | None = None,
+    idempotency_key: str | None = None,
+    priority: int = 0,
+    task_queue: str = "default",
+    workflow_id: str | None = None,
+    entry_point: str = "run",
+) -> tuple[WorkflowInstance, bool]:
+    """Start a run. A repeated ``idempotency_key`` returns the existing run (created=False)."""
+    text = json_text(input, "input")
+    if idempotency_key is not None and not (0 < len(idempotency_key) <= 255):
+        raise InvalidInput("idempotency_key must be 1-255 characters", "idempotency_key")
+    if not task_queue or len(task_queue) > 64:
+        raise InvalidInput("task_queue must be 1-64 characters", "task_queue")
+    if workflow_id is not None and not (0 < len(workflow_id) <= 128):
+        raise InvalidInput("workflow_id must be 1-128 characters", "workflow_id")
+    with tenant_context(tenant.id):
+        if idempotency_key:
+            existing = WorkflowInstance.objects.filter(
+                tenant_id=tenant.id, start_idempotency_key=idempotency_key
+            ).first()
+            if existing is not None:
+                return existing, False
+        definition = resolve_definition(tenant, name, version=version, tag=tag)
+        if entry_point not in (definition.entry_points or []):
+            raise InvalidInput(
+                f"{definition} has no entry point {entry_point!r} "
+                f"(it exports: {', '.join(definition.entry_points)})",
+                "entry_point",
+            )
+        run_id = uuid.uuid4()
+        try:
+            with transaction.atomic():
+                instance = WorkflowInstance.objects.create(
+                    id=run_id,
+                    tenant=tenant,
+                    workflow_id=workflow_id or str(run_id),
+                    definition=definition,
+                    definition_name=definition.name,
+                    definition_version=definition.version,
+                    entry_point=entry_point,
+                    input=text,
+                    priority=priority,
+                    task_queue=task_queue,
+                    start_idempotency_key=idempotency_key,
+                )
+        except IntegrityError:
+            existing = WorkflowInstance.objects.filter(
+                tenant_id=tenant.id, start_idempotency_key=idempotency_key
+            ).first()
+            if existing is None:
+                raise
+            return existing, False
+        wake.notify_after_commit()
+    return instance, True
+
+
+def signal_workflow(tenant: Tenant, run_id: str, name: str, payload: Any = None) -> Signal:
+    if not name or len(name) > 256:
+        raise InvalidInput("signal name must be 1-256 characters", "name")
+    text = json_text(payload, "payload")
+    with tenant_context(tenant.id):
+        instance = get_instance(tenant, run_id, lock=True)
+        if instance.is_terminal:
+            raise Conflict(
+                f"run {run_id} is {instance.status}; it cannot receive signals", "run_id"
+            )
+        if instance.allowed_signals is not None and name not in instance.allowed_signals:
+            raise Conflict(f"run {run_id} does not accept signal {name!r}", "name")
+        signal = Signal.objects.create(
+            tenant=tenant, instance=instance, name=name, payload=text, sender="api"
+        )
+        wake.after_commit(tenant.id, instance.id)
+    return signal
+
+
+def _audit(
+    tenant: Tenant,
+    instance: WorkflowInstance,
+    action: str,
+    operator: str,
+    reason: str,
+    detail: dict[str, Any] | None = None,
+) -> None:
+    """The audit row and an ``admin_action`` event in the run's history, in the caller's
+    transaction (so they exist exactly when the change does)."""
+    AuditLog.objects.create(
+        tenant=tenant,
+        instance=instance,
+        action=action,
+        operator=operator,
+        reason=reason,
+        detail=detail or {},
+    )
+    step = instance.event_count
+    stored = encode(
+        AdminActionEvent(
+            step=step, ts=int(time.time() * 1000), action=action, operator=operator, reason=reason
+        )
+    )
+    WorkflowEvent.objects.create(
+        tenant=tenant,
+        instance=instance,
+        step=step,
+        type_code=stored.type_code,
+        payload=stored.payload,
+        timestamp_ms=stored.ts,
+        checksum=stored.checksum,
+    )
+    WorkflowInstance.objects.filter(id=instance.id).update(event_count=F("event_count") + 1)
+
+
+def _check_generation(instance: WorkflowInstance, generation: int | None) -> None:
+    if generation is not None and generation != instance.generation:
+        raise Conflict(
+            f"run {instance.id} is at generation {instance.generation}, not {generation}; "
+            "reload it and try again",
+            "generation",
+        )
+
+
+def cancel_workflow(
+    tenant: Tenant, run_id: str, reason: str = "", operator: str = "api"
+) -> WorkflowInstance:
+    with tenant_context(tenant.id):
+        instance = get_instance(tenant, run_id, lock=True)
+        if instance.is_terminal:
+            raise Conflict(f"run {run_id} is already {instance.status}", "run_id")
+        instance.cancel_requested = True
+        instance.cancel_reason = reason or f"cancelled by {operator}"
+        instance.save(update_fields=["cancel_requested", "cancel_reason", "updated_at"])
+        AuditLog.objects.create(
+            tenant=tenant, instance=instance, action="cancel", operator=operator, reason=reason
+        )
+        wake.after_commit(tenant.id, instance.id)
+    return instance
+
+
+def terminate_workflow(
+    tenant: Tenant, run_id: str, reason: str = "", operator: str = "api"
+) -> WorkflowInstance:
+    with tenant_context(tenant.id):
+        instance = get_instance(tenant, run_id, lock=True)
+        if instance.is_terminal:
+            raise Conflict(f"run {run_id} is already {instance.status}", "run_id")
+        _audit(tenant, instance, "terminate", operator, reason)
+        terminate_instance(instance, reason or f"terminated by {operator}", timezone.now())
+    return instance
+
+
+def pause_workflow(
+    tenant: Tenant, run_id: str, operator: str = "api", reason: str = ""
+) -> WorkflowInstance:
+    with tenant_context(tenant.id):
+        instance = get_instance(tenant, run_id, lock=True)
+        if instance.status != Status.READY:
+            raise Conflict(
+                f"only a ready run can be paused; {run_id} is {instance.status}", "run_id"
+            )
+        instance.paused_from, instance.status = instance.status, Status.PAUSED
+        instance.save(update_fields=["status", "paused_from", "updated_at"])
+        AuditLog.objects.create(
+            tenant=tenant, instance=instance, action="pause", operator=operator, reason=reason
+        )
+    return instance
+
+
+def resume_workflow(
+    tenant: Tenant, run_id: str, operator: str = "api", reason: str = ""
+) -> WorkflowInstance:
+    with tenant_context(tenant.id):
+        instance = get_instance(tenant, run_id, lock=True)
+        if instance.status != Status.PAUSED:
+            raise Conflict(f"run {run_id} is not paused (it is {instance.status})", "run_id")
+        instance.status, instance.paused_from = Status.READY, None
+        instance.next_wake_at = timezone.now()
+        instance.save(update_fields=["status", "paused_from", "next_wake_at", "updated_at"])
+        AuditLog.objects.create(
+            tenant=tenant, instance=instance, action="resume", operator=operator, reason=reason
+        )
+        wake.notify_after_commit()
+    return instance
+
+
+def retry_workflow(
+    tenant: Tenant, run_id: str, operator: str = "api", reason: str = ""
+) -> WorkflowInstance:
+    """Move a dead-lettered (or failed) run back to ready; it replays its history."""
+    with tenant_context(tenant.id):
+        instance = get_instance(tenant, run_id, lock=True)
+        if instance.status not in (Status.DEAD_LETTERED, Status.FAILED):
+            raise Conflict(
+                f"only failed or dead-lettered runs can be retried; {run_id} is {instance.status}",
+                "run_id",
+            )
+        _audit(tenant, instance, "retry", operator, reason, {"error_code": instance.error_code})
+        _reopen(instance)
+    return instance
+
+
+def _reopen(instance: WorkflowInstance) -> None:
+    WorkflowInstance.objects.filter(id=instance.id).update(
+        status=Status.READY,
+        error=None,
+        error_code=None,
+        assigned_to=None,
+        attempt=1,
+        completed_at=None,
+        next_wake_at=timezone.now(),
+        generation=F("generation") + 1,
+        waiting_on=None,
+    )
+    instance.refresh_from_db()
+    wake.notify_after_commit()
+
+
+def force_complete(
+    tenant: Tenant,
+    run_id: str,
+    generation: int | None,
+    result: Any,
+    operator: str,
+    reason: str = "",
+) -> WorkflowInstance:
+    text = json_text(result, "result")
+    with tenant_context(tenant.id):
+        instance = get_instance(tenant, run_id, lock=True)
+        _check_generation(instance, generation)
+        if instance.status == Status.DONE:
+            raise Conflict(f"run {run_id} is already done", "run_id")
+        _audit(tenant, instance, "force_complete", operator, reason)
+        now = timezone.now()
+        WorkflowInstance.objects.filter(id=instance.id).update(
+            status=Status.DONE,
+            result=text,
+            error=None,
+            error_code=None,
+            assigned_to=None,
+            generation=F("generation") + 1,
+            completed_at=now,
+            next_wake_at=None,
+            waiting_on=None,
+        )
+        instance.refresh_from_db()
+        if instance.parent_id:
+            wake.after_commit(tenant.id, instance.parent_id)
+    return instance
+
+
+def force_fail(
+    tenant: Tenant,
+    run_id: str,
+    generation: int | None,
+    message: str,
+    code: str = "error",
+    operator: str = "api",
+    reason: str = "",
+) -> WorkflowInstance:
+    if not message:
+        raise InvalidInput("an error message is required", "message")
+    if code not in {c.value for c in ErrorCode}:
+        raise InvalidInput(f"unknown error code {code!r}", "code")
+    with tenant_context(tenant.id):
+        instance = get_instance(tenant, run_id, lock=True)
+        _check_generation(instance, generation)
+        if instance.is_terminal:
+            raise Conflict(f"run {run_id} is already {instance.status}", "run_id")
+        _audit(tenant, instance, "force_fail", operator, reason, {"code": code})
+        now = timezone.now()
+        WorkflowInstance.objects.filter(id=instance.id).update(
+            status=Status.FAILED,
+            error=message,
+            error_code=code,
+            assigned_to=None,
+            generation=F("generation") + 1,
+            completed_at=now,
+            next_wake_at=None,
+            waiting_on=None,
+        )
+        instance.refresh_from_db()
+        if instance.parent_id:
+            wake.after_commit(tenant.id, instance.parent_id)
+    return instance
+
+
+def re_replay(
+    tenant: Tenant, run_id: str, generation: int | None, operator: str, reason: str = ""
+) -> WorkflowInstance:
+    """Reset a run to ready so a worker re-executes it from its existing history."""
+    with tenant_context(tenant.id):
+        instance = get_instance(tenant, run_id, lock=True)
+        _check_generation(instance, generation)
+        if instance.status in (Status.RUNNING, Status.PAUSED):
+            raise Conflict(
+                f"run {run_id} is {instance.status}; re-replay needs a settled run", "run_id"
+            )
+        _audit(tenant, instance, "re_replay", operator, reason)
+        _reopen(instance)
+    return instance
+
+
+def settle_promise(
+    tenant: Tenant, promise_id: str, *, value: Any = None, error: str = "", reject: bool = False
+) -> Promise:
+    from engine.errors import Refused
+    from workflows.store.storage import settle_promise as settle
+
+    text = "" if reject else json_text(value, "value")
+    if reject and not error:
+        raise InvalidInput("a rejection needs a message", "message")
+    with tenant_context(tenant.id):
+        try:
+            return settle(tenant.id, promise_id, text, error, reject, timezone.now())
+        except Refused as exc:
+            if exc.status == 7:
+                raise NotFound(exc.message, "promise_id") from None
+            raise Conflict(exc.message, "promise_id") from None
+
+
+def send_update(
+    tenant: Tenant, run_id: str, name: str, payload: Any = None, *, wait_s: float = 0.0
+) -> UpdateRequest:
+    """Queue an update for the run's handler; with ``wait_s``, wait that long for the answer."""
+    if not name or len(name) > 128:
+        raise InvalidInput("update name must be 1-128 characters", "name")
+    text = json_text(payload, "payload")
+    with tenant_context(tenant.id):
+        instance = get_instance(tenant, run_id, lock=True)
+        if instance.is_terminal:
+            raise Conflict(f"run {run_id} is {instance.status}; it cannot take updates", "run_id")
+        update = UpdateRequest.objects.create(
+            tenant=tenant, instance=instance, name=name, payload=text
+        )
+        wake.after_commit(tenant.id, instance.id)
+    deadline = time.monotonic() + wait_s
+    while wait_s > 0 and time.monotonic() < deadline:
+        with tenant_context(tenant.id):
+            update.refresh_from_db()
+        if update.status != UpdateRequest.State.PENDING:
+            break
+        time.sleep(0.05)
+    return update
+
+
+def query_state(tenant: Tenant, run_id: str, key: str | None = None) -> Any:
+    with tenant_context(tenant.id):
+        instance = get_instance(tenant, run_id)
+    state = instance.query_state or {}
+    if key is None:
+        return state
+    if key not in state:
+        raise NotFound(f"run {run_id} has no query state {key!r}", "key")
+    return state[key]
+
+
+__all__ = [
+    "TERMINAL_STATUSES",
+    "Conflict",
+    "InvalidInput",
+    "NotFound",
+    "PayloadTooLarge",
+    "ServiceError",
+]

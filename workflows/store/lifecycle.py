@@ -1,0 +1,456 @@
+"""The run lifecycle a worker drives: claim, load, finalize, release, heartbeat, reap.
+
+Claims bump ``generation`` in the same statement that sets ``running`` and ``assigned_to``:
+on PostgreSQL through the ``cleat.claim_instances`` definer function (``FOR UPDATE SKIP
+LOCKED``, across tenants, see ``workflows/rls.py``); on MariaDB with the ORM's ``SELECT ... FOR
+UPDATE SKIP LOCKED`` then an ``UPDATE``; on SQLite the single writer lock of an IMMEDIATE
+transaction serialises claims.
+
+The finalize is one fenced transaction: it appends the segment's remaining events, marks
+consumed signals and answered updates, and sets the new status -- ``done``, ``failed``,
+``dead_lettered`` or ``ready`` with ``next_wake_at`` -- or, for continue-as-new, completes
+this run and creates its successor. When the claim is no longer current it touches nothing
+(:class:`FenceLost`).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import uuid
+from collections.abc import Sequence
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+
+from django.conf import settings
+from django.db import connection, transaction
+from django.db.models import F, Q
+from django.db.models.functions import Coalesce
+from django.utils import timezone
+
+from engine.errors import ErrorCode, FenceLost
+from engine.events import EncodedEvent
+from engine.session import Completed, ContinuedAsNew, Failed, SegmentResult, Suspended
+from engine.status import Status as AbiStatus
+from engine.storage import RunRef
+from workflows.models import (
+    TERMINAL_STATUSES,
+    Promise,
+    Signal,
+    Status,
+    UpdateRequest,
+    WorkflowDefinition,
+    WorkflowEvent,
+    WorkflowInstance,
+)
+from workflows.store import wake
+from workflows.store.storage import append_locked, lock_fenced
+from workflows.tenancy import tenant_context
+
+log = logging.getLogger("cleat.store")
+
+
+def wait_recheck() -> timedelta:
+    return timedelta(seconds=float(getattr(settings, "CLEAT_WAIT_RECHECK_SECONDS", 300)))
+
+
+@dataclass(frozen=True)
+class Claim:
+    id: uuid.UUID
+    tenant_id: uuid.UUID
+    generation: int
+
+
+@dataclass(frozen=True)
+class LoadedRun:
+    claim: Claim
+    worker_id: str
+    instance: WorkflowInstance
+    definition_id: int
+    sha256: str
+    max_history_length: int
+    history: list[EncodedEvent]
+
+    @property
+    def ref(self) -> RunRef:
+        return RunRef(
+            str(self.claim.tenant_id),
+            self.instance.workflow_id,
+            str(self.instance.id),
+            self.worker_id,
+            self.claim.generation,
+        )
+
+
+def claim_ready_instances(
+    worker_id: str,
+    task_queues: Sequence[str],
+    limit: int,
+    now: datetime,
+    tenant: uuid.UUID | None = None,
+) -> list[Claim]:
+    """Claim up to ``limit`` due ready runs, by priority then age; bumps their generation."""
+    if limit <= 0:
+        return []
+    if connection.vendor == "postgresql":
+        with connection.cursor() as cursor:
+            cursor.execute(
+                "SELECT id, tenant_id, generation FROM cleat.claim_instances(%s, %s, %s, %s, %s)",
+                [worker_id, list(task_queues), limit, now, tenant],
+            )
+            return [
+                Claim(uuid.UUID(str(i)), uuid.UUID(str(t)), int(g)) for i, t, g in cursor.fetchall()
+            ]
+    with transaction.atomic():
+        due = WorkflowInstance.objects.filter(
+            status=Status.READY, next_wake_at__lte=now, task_queue__in=list(task_queues)
+        )
+        if tenant is not None:
+            due = due.filter(tenant_id=tenant)
+        ids = list(
+            due.select_for_update(skip_locked=connection.features.has_select_for_update_skip_locked)
+            .order_by("-priority", "next_wake_at", "created_at")
+            .values_list("id", flat=True)[:limit]
+        )
+        if not ids:
+            return []
+        WorkflowInstance.objects.filter(id__in=ids).update(
+            status=Status.RUNNING,
+            assigned_to=worker_id,
+            heartbeat_at=now,
+            generation=F("generation") + 1,
+            started_at=Coalesce("started_at", now),
+        )
+        rows = WorkflowInstance.objects.filter(id__in=ids).values_list(
+            "id", "tenant_id", "generation"
+        )
+        return [Claim(i, t, g) for i, t, g in rows]
+
+
+def load_run(claim: Claim, worker_id: str) -> LoadedRun | None:
+    """Read what the segment needs; None if the claim already moved on."""
+    with tenant_context(claim.tenant_id):
+        instance = WorkflowInstance.objects.filter(
+            id=claim.id, generation=claim.generation, assigned_to=worker_id, status=Status.RUNNING
+        ).first()
+        if instance is None:
+            return None
+        definition = (
+            WorkflowDefinition.objects.filter(id=instance.definition_id)
+            .values("id", "sha256", "max_history_length")
+            .get()
+        )
+        history = [
+            EncodedEvent(step, code, ts, payload, checksum)
+            for step, code, ts, payload, checksum in WorkflowEvent.objects.filter(
+                instance_id=instance.id
+            )
+            .order_by("step")
+            .values_list("step", "type_code", "timestamp_ms", "payload", "checksum")
+        ]
+    return LoadedRun(
+        claim,
+        worker_id,
+        instance,
+        definition["id"],
+        definition["sha256"],
+        definition["max_history_length"],
+        history,
+    )
+
+
+def load_wasm(tenant: uuid.UUID, definition_id: int) -> bytes:
+    with tenant_context(tenant):
+        return bytes(
+            WorkflowDefinition.objects.filter(id=definition_id).values_list("wasm", flat=True).get()
+        )
+
+
+@dataclass(frozen=True)
+class Finalized:
+    status: str
+    successor: str | None = None
+
+
+def finalize_segment(ref: RunRef, result: SegmentResult, now: datetime | None = None) -> Finalized:
+    """Persist a segment's outcome in one fenced transaction (see the module docstring)."""
+    now = now or timezone.now()
+    tenant = uuid.UUID(ref.tenant_id)
+    with tenant_context(tenant):
+        count = lock_fenced(ref)
+        append_locked(ref, count, result.new_events, now)
+        instance = (
+            WorkflowInstance.objects.select_related("definition")
+            .defer("definition__wasm")
+            .get(id=ref.run_id)
+        )
+        if result.consumed_signals:
+            Signal.objects.filter(
+                instance_id=instance.id,
+                id__in=[int(s) for s in result.consumed_signals if s.isdigit()],
+                consumed_at__isnull=True,
+            ).update(consumed_at=now)
+        for applied in result.applied_updates:
+            UpdateRequest.objects.filter(
+                id=applied.update_id, instance_id=instance.id, status=UpdateRequest.State.PENDING
+            ).update(
+                status=UpdateRequest.State.DONE
+                if applied.status == AbiStatus.OK
+                else UpdateRequest.State.FAILED,
+                result=applied.payload,
+                completed_at=now,
+            )
+        instance.query_state = result.query_state
+        instance.assigned_to = None
+        outcome = result.outcome
+        successor: WorkflowInstance | None = None
+        if isinstance(outcome, Suspended):
+            wait = outcome.wait
+            instance.status = Status.READY
+            instance.waiting_on = wait.as_dict()
+            recheck = now + wait_recheck()
+            wake_at = (
+                datetime.fromtimestamp(wait.wake_at_ms / 1000, tz=now.tzinfo)
+                if wait.wake_at_ms is not None
+                else None
+            )
+            instance.next_wake_at = min(wake_at, recheck) if wake_at else recheck
+            if _wakeup_arrived(instance, wait.as_dict()):
+                instance.next_wake_at = now
+            instance.attempt = 1
+        elif isinstance(outcome, Completed):
+            _close(instance, Status.DONE, now)
+            instance.result = outcome.result
+            instance.error = instance.error_code = None
+        elif isinstance(outcome, ContinuedAsNew):
+            _close(instance, Status.DONE, now)
+            instance.result = json.dumps({"continued_as_new": True})
+            successor = _successor(instance, outcome, now)
+        elif isinstance(outcome, Failed):
+            _fail(instance, outcome, now)
+        instance.save()
+        if instance.is_terminal:
+            _close_children(instance, now)
+            _fail_pending_updates(instance, now)
+            if instance.parent_id:
+                wake.after_commit(tenant, instance.parent_id)
+        if (
+            instance.status == Status.READY
+            and instance.next_wake_at
+            and instance.next_wake_at <= now
+        ):
+            wake.notify_after_commit()
+    return Finalized(instance.status, str(successor.id) if successor else None)
+
+
+def _close(instance: WorkflowInstance, status: str, now: datetime) -> None:
+    instance.status = status
+    instance.completed_at = now
+    instance.waiting_on = None
+    instance.next_wake_at = None
+
+
+def _fail(instance: WorkflowInstance, outcome: Failed, now: datetime) -> None:
+    """A permanent failure fails at once; a retryable one is retried with the definition's
+    backoff, then dead-lettered; non-determinism dead-letters at once so that a fixed
+    version can be retried from the dead-letter queue."""
+    definition = instance.definition
+    instance.error, instance.error_code = outcome.message, outcome.code.value
+    if outcome.code is ErrorCode.NONDETERMINISM:
+        _close(instance, Status.DEAD_LETTERED, now)
+    elif outcome.retryable and instance.attempt < definition.retry_max_attempts:
+        instance.status = Status.READY
+        instance.next_wake_at = now + timedelta(seconds=definition.retry_delay_s(instance.attempt))
+        instance.waiting_on = {
+            "kind": "retry",
+            "description": f"retry {instance.attempt + 1} of {definition.retry_max_attempts} "
+            f"after {outcome.code.value}",
+        }
+        instance.attempt += 1
+    elif outcome.retryable:
+        _close(instance, Status.DEAD_LETTERED, now)
+    else:
+        _close(instance, Status.FAILED, now)
+
+
+def _successor(
+    instance: WorkflowInstance, outcome: ContinuedAsNew, now: datetime
+) -> WorkflowInstance:
+    definition = instance.definition
+    if outcome.version and outcome.version != instance.definition_version:
+        found = WorkflowDefinition.objects.filter(
+            tenant_id=instance.tenant_id, name=instance.definition_name, version=outcome.version
+        ).first()
+        if found is not None:
+            definition = found
+    successor = WorkflowInstance.objects.create(
+        tenant_id=instance.tenant_id,
+        workflow_id=instance.workflow_id,
+        definition=definition,
+        definition_name=definition.name,
+        definition_version=definition.version,
+        entry_point=instance.entry_point,
+        input=outcome.input,
+        priority=instance.priority,
+        task_queue=instance.task_queue,
+        parent_id=instance.parent_id,
+        parent_close_policy=instance.parent_close_policy,
+        allowed_signals=instance.allowed_signals,
+        continued_from=instance,
+        trace_id=instance.trace_id,
+        next_wake_at=now,
+        created_at=now,
+    )
+    # Signals that reached this run unconsumed belong to the chain: move them on.
+    Signal.objects.filter(instance_id=instance.id, consumed_at__isnull=True).update(
+        instance_id=successor.id
+    )
+    wake.notify_after_commit()
+    return successor
+
+
+def _wakeup_arrived(instance: WorkflowInstance, wait: dict[str, object]) -> bool:
+    """Whatever a waiting run can be woken by, if it arrived while its segment ran."""
+    if instance.cancel_requested:
+        return True
+    if UpdateRequest.objects.filter(
+        instance_id=instance.id, status=UpdateRequest.State.PENDING
+    ).exists():
+        return True
+    names = list(wait.get("signals") or [])  # type: ignore[call-overload]
+    if (
+        names
+        and Signal.objects.filter(
+            instance_id=instance.id, consumed_at__isnull=True, name__in=names
+        ).exists()
+    ):
+        return True
+    run_ids = list(wait.get("run_ids") or [])  # type: ignore[call-overload]
+    if (
+        run_ids
+        and WorkflowInstance.objects.filter(id__in=run_ids, status__in=TERMINAL_STATUSES).exists()
+    ):
+        return True
+    promise_id = wait.get("promise_id")
+    return bool(
+        promise_id
+        and Promise.objects.filter(id=promise_id).exclude(status=Promise.State.PENDING).exists()
+    )
+
+
+def _close_children(parent: WorkflowInstance, now: datetime) -> None:
+    children = WorkflowInstance.objects.filter(parent_id=parent.id).exclude(
+        status__in=TERMINAL_STATUSES
+    )
+    for child in children.filter(parent_close_policy="terminate"):
+        terminate_instance(child, f"parent {parent.id} closed", now)
+    cancel = children.filter(parent_close_policy="request_cancel")
+    cancelled = list(cancel.values_list("id", flat=True))
+    cancel.update(cancel_requested=True, cancel_reason=f"parent {parent.id} closed")
+    for child_id in cancelled:
+        wake.after_commit(parent.tenant_id, child_id)
+
+
+def _fail_pending_updates(instance: WorkflowInstance, now: datetime) -> None:
+    UpdateRequest.objects.filter(
+        instance_id=instance.id, status=UpdateRequest.State.PENDING
+    ).update(
+        status=UpdateRequest.State.FAILED,
+        result=f"the run ended ({instance.status}) before answering",
+        completed_at=now,
+    )
+
+
+def terminate_instance(instance: WorkflowInstance, reason: str, now: datetime) -> None:
+    """Terminate now, whoever holds it: the generation bump fences out its worker."""
+    WorkflowInstance.objects.filter(id=instance.id).update(
+        status=Status.TERMINATED,
+        error=reason,
+        error_code=ErrorCode.TERMINATED.value,
+        generation=F("generation") + 1,
+        assigned_to=None,
+        completed_at=now,
+        next_wake_at=None,
+        waiting_on=None,
+    )
+    instance.refresh_from_db()
+    _close_children(instance, now)
+    _fail_pending_updates(instance, now)
+    if instance.parent_id:
+        wake.after_commit(instance.tenant_id, instance.parent_id)
+
+
+def release(ref: RunRef, now: datetime | None = None) -> bool:
+    """Give a claimed run back untouched (shutdown, or a host failure before it ran)."""
+    now = now or timezone.now()
+    with tenant_context(uuid.UUID(ref.tenant_id)):
+        released = WorkflowInstance.objects.filter(
+            id=ref.run_id,
+            assigned_to=ref.worker_id,
+            generation=ref.generation,
+            status=Status.RUNNING,
+        ).update(status=Status.READY, assigned_to=None, next_wake_at=now)
+    return released == 1
+
+
+def heartbeat_worker(worker_id: str, now: datetime) -> int:
+    """Renew every lease this worker holds. Deliberately not per-generation (one statement
+    for all runs); each write of a segment is fenced on its own."""
+    if connection.vendor == "postgresql":
+        with connection.cursor() as cursor:
+            cursor.execute("SELECT cleat.heartbeat_worker(%s, %s)", [worker_id, now])
+            return int(cursor.fetchone()[0])
+    return WorkflowInstance.objects.filter(assigned_to=worker_id, status=Status.RUNNING).update(
+        heartbeat_at=now
+    )
+
+
+def reap_expired_leases(lease: timedelta, now: datetime) -> int:
+    """Return runs whose worker stopped heartbeating to ``ready``, bumping their generation so
+    the stalled worker's late writes are fenced out."""
+    cutoff = now - lease
+    if connection.vendor == "postgresql":
+        with connection.cursor() as cursor:
+            cursor.execute("SELECT cleat.reap_expired_leases(%s, %s)", [cutoff, now])
+            return int(cursor.fetchone()[0])
+    with transaction.atomic():
+        return WorkflowInstance.objects.filter(
+            status=Status.RUNNING, heartbeat_at__lt=cutoff
+        ).update(
+            status=Status.READY,
+            assigned_to=None,
+            generation=F("generation") + 1,
+            next_wake_at=now,
+        )
+
+
+def next_due_at(task_queues: Sequence[str], tenant: uuid.UUID | None = None) -> datetime | None:
+    if connection.vendor == "postgresql":
+        with connection.cursor() as cursor:
+            cursor.execute("SELECT cleat.next_due_at(%s, %s)", [list(task_queues), tenant])
+            value = cursor.fetchone()[0]
+            return value if isinstance(value, datetime) else None
+    query = WorkflowInstance.objects.filter(
+        status=Status.READY, task_queue__in=list(task_queues), next_wake_at__isnull=False
+    )
+    if tenant is not None:
+        query = query.filter(tenant_id=tenant)
+    return query.order_by("next_wake_at").values_list("next_wake_at", flat=True).first()
+
+
+__all__ = [
+    "Claim",
+    "FenceLost",
+    "Finalized",
+    "LoadedRun",
+    "Q",
+    "claim_ready_instances",
+    "finalize_segment",
+    "heartbeat_worker",
+    "load_run",
+    "load_wasm",
+    "next_due_at",
+    "reap_expired_leases",
+    "release",
+    "terminate_instance",
+]

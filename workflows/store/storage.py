@@ -1,0 +1,583 @@
+"""The engine's storage protocol (``engine.storage.WorkflowStorage``) on the Django ORM.
+
+Each method is one transaction in the run's tenant context (``tenant_context``: RLS on
+PostgreSQL, explicit tenant filters everywhere else). Writes are **fenced**: they first lock
+the instance row where ``assigned_to`` and ``generation`` still match the claim (``FOR NO KEY
+UPDATE``, which does not block the foreign-key checks of other runs' inserts), and touch
+nothing otherwise (:class:`~engine.errors.FenceLost`). Waking another run (a signal's target,
+a promise's owner) happens after commit, in its own short transaction, so a run never holds
+two instance locks at once.
+"""
+
+from __future__ import annotations
+
+import json
+import uuid
+from collections.abc import Callable, Collection, Sequence
+from datetime import datetime, timedelta
+from typing import Any
+
+from django.db import IntegrityError, connection, transaction
+from django.utils import timezone
+
+from engine.cron import cron_error, timezone_error
+from engine.errors import FenceLost, Refused, StorageError
+from engine.events import Event, encode
+from engine.status import Status
+from engine.storage import (
+    AcquireLock,
+    ChildOutcome,
+    CreatePromise,
+    CreateSchedule,
+    DeleteSchedule,
+    DeleteState,
+    EnqueueInvocation,
+    IncrState,
+    Mutation,
+    PromiseState,
+    ReleaseLock,
+    RunRef,
+    SendSignal,
+    SetState,
+    SettlePromise,
+    SignalMessage,
+    StartChild,
+    StartDetached,
+    UpdateRequest,
+)
+from workflows.models import (
+    TERMINAL_STATUSES,
+    ConcurrencyKey,
+    Invocation,
+    Promise,
+    Signal,
+    Tenant,
+    WorkflowDefinition,
+    WorkflowEvent,
+    WorkflowInstance,
+    WorkflowState,
+)
+from workflows.models import (
+    Status as RunStatus,
+)
+from workflows.models import (
+    UpdateRequest as UpdateRequestRow,
+)
+from workflows.store import wake
+from workflows.tenancy import tenant_context
+
+# How a failed child's error code is reported to the parent awaiting it.
+CHILD_STATUS = {
+    "permanent": Status.PERMANENT,
+    "cancelled": Status.CANCELLED,
+    "timeout": Status.TIMEOUT,
+    "retries_exhausted": Status.RETRIES_EXHAUSTED,
+    "ambiguous": Status.AMBIGUOUS,
+    "denied": Status.DENIED,
+    "not_found": Status.NOT_FOUND,
+}
+
+
+def lock_fenced(ref: RunRef) -> int:
+    """Lock the claimed instance row; return its event count. Raises FenceLost."""
+    row = (
+        WorkflowInstance.objects.select_for_update(
+            no_key=connection.features.has_select_for_no_key_update
+        )
+        .filter(
+            id=ref.run_id,
+            tenant_id=ref.tenant_id,
+            assigned_to=ref.worker_id,
+            generation=ref.generation,
+            status=RunStatus.RUNNING,
+        )
+        .values_list("event_count", flat=True)
+        .first()
+    )
+    if row is None:
+        raise FenceLost(f"run {ref.run_id} is no longer owned by {ref.worker_id}@{ref.generation}")
+    return int(row)
+
+
+def append_locked(ref: RunRef, event_count: int, events: Sequence[Event], now: datetime) -> int:
+    """Append ``events`` after ``event_count`` (skipping steps already stored); the caller
+    holds the fenced lock. Returns the new count."""
+    rows = []
+    expected = event_count
+    for event in events:
+        if event.step < expected:
+            continue  # already stored (a retried flush): ON CONFLICT DO NOTHING
+        if event.step != expected:
+            raise StorageError(
+                f"history of {ref.run_id} would have a gap: "
+                f"step {event.step} after {expected} events"
+            )
+        stored = encode(event)
+        rows.append(
+            WorkflowEvent(
+                tenant_id=ref.tenant_id,
+                instance_id=ref.run_id,
+                step=stored.step,
+                type_code=stored.type_code,
+                payload=stored.payload,
+                timestamp_ms=stored.ts,
+                checksum=stored.checksum,
+                intent_at=now if not stored.checksum else None,
+                created_at=now,
+            )
+        )
+        expected += 1
+    if rows:
+        WorkflowEvent.objects.bulk_create(rows)
+    WorkflowInstance.objects.filter(id=ref.run_id).update(event_count=expected, heartbeat_at=now)
+    return expected
+
+
+class DjangoStorage:
+    """``WorkflowStorage`` for runs of one tenant."""
+
+    def __init__(
+        self, tenant_id: uuid.UUID | str, clock: Callable[[], datetime] | None = None
+    ) -> None:
+        self.tenant_id = uuid.UUID(str(tenant_id))
+        self.now = clock or timezone.now
+
+    # --- history ---------------------------------------------------------------------------
+
+    def append_events(self, run: RunRef, events: Sequence[Event]) -> None:
+        with tenant_context(self.tenant_id):
+            count = lock_fenced(run)
+            append_locked(run, count, events, self.now())
+
+    def complete_intent(self, run: RunRef, event: Event) -> None:
+        stored = encode(event)
+        with tenant_context(self.tenant_id):
+            lock_fenced(run)
+            updated = WorkflowEvent.objects.filter(
+                instance_id=run.run_id, step=event.step, checksum=""
+            ).update(
+                type_code=stored.type_code,
+                payload=stored.payload,
+                timestamp_ms=stored.ts,
+                checksum=stored.checksum,
+            )
+            if updated != 1:
+                raise StorageError(f"no pending intent at step {event.step} of {run.run_id}")
+
+    # --- effects atomic with their events -------------------------------------------------------
+
+    def apply(
+        self,
+        run: RunRef,
+        mutation: Mutation,
+        pending: Sequence[Event],
+        record: Callable[[Any], Event],
+    ) -> Any:
+        with tenant_context(self.tenant_id):
+            count = lock_fenced(run)
+            now = self.now()
+            # A refusal must leave nothing behind: run the mutation in a savepoint.
+            with transaction.atomic():
+                result = self._mutate(run, mutation, now)
+            append_locked(run, count, [*pending, record(result)], now)
+            return result
+
+    def _mutate(self, ref: RunRef, m: Mutation, now: datetime) -> Any:
+        tenant = self.tenant_id
+        match m:
+            case SetState():
+                updated = WorkflowState.objects.filter(
+                    tenant_id=tenant, scope=m.scope, key=m.key
+                ).update(value=m.value, updated_at=now)
+                if not updated:
+                    _create_or_update_state(tenant, m.scope, m.key, m.value)
+                return None
+            case DeleteState():
+                deleted, _ = WorkflowState.objects.filter(
+                    tenant_id=tenant, scope=m.scope, key=m.key
+                ).delete()
+                return deleted > 0
+            case IncrState():
+                row = (
+                    WorkflowState.objects.select_for_update()
+                    .filter(tenant_id=tenant, scope=m.scope, key=m.key)
+                    .first()
+                )
+                current = row.value if row else "0"
+                try:
+                    value = int(current) + m.delta
+                except ValueError:
+                    raise Refused(
+                        Status.PERMANENT, f"the value of {m.key!r} is not an integer"
+                    ) from None
+                if row:
+                    row.value = str(value)
+                    row.save(update_fields=["value", "updated_at"])
+                else:
+                    _create_or_update_state(tenant, m.scope, m.key, str(value))
+                return value
+            case AcquireLock():
+                expires = now + timedelta(milliseconds=m.ttl_ms) if m.ttl_ms else None
+                held = (
+                    ConcurrencyKey.objects.select_for_update()
+                    .filter(tenant_id=tenant, key=m.key)
+                    .first()
+                )
+                if held is None:
+                    try:
+                        with transaction.atomic():
+                            ConcurrencyKey.objects.create(
+                                tenant_id=tenant, key=m.key, holder=m.holder, expires_at=expires
+                            )
+                    except IntegrityError:
+                        return False  # another workflow took it a moment ago
+                    return True
+                if held.holder != m.holder and (held.expires_at is None or held.expires_at > now):
+                    return False
+                held.holder, held.expires_at, held.acquired_at = m.holder, expires, now
+                held.save(update_fields=["holder", "expires_at", "acquired_at"])
+                return True
+            case ReleaseLock():
+                ConcurrencyKey.objects.filter(tenant_id=tenant, key=m.key, holder=m.holder).delete()
+                return None
+            case StartChild():
+                return self._start_run(
+                    ref,
+                    m.run_id,
+                    m.name,
+                    m.input,
+                    m.version,
+                    m.parent_version,
+                    priority=m.priority,
+                    parent=True,
+                    policy=m.parent_close_policy,
+                    now=now,
+                )
+            case StartDetached():
+                return self._start_run(ref, m.run_id, m.name, m.input, 0, 0, now=now)
+            case SendSignal():
+                target = find_signal_target(tenant, m.target_id)
+                if target is None:
+                    raise Refused(Status.NOT_FOUND, f"no running workflow {m.target_id}")
+                allowed = target.allowed_signals
+                if allowed is not None and m.name not in allowed:
+                    raise Refused(Status.DENIED, f"{m.target_id} does not accept signal {m.name!r}")
+                Signal.objects.create(
+                    tenant_id=tenant,
+                    instance_id=target.id,
+                    name=m.name,
+                    payload=m.payload,
+                    correlation_id=m.correlation_id,
+                    sender=ref.run_id,
+                    created_at=now,
+                )
+                wake.after_commit(tenant, target.id)
+                return None
+            case CreatePromise():
+                Promise.objects.get_or_create(
+                    id=m.promise_id,
+                    defaults={"tenant_id": tenant, "instance_id": ref.run_id, "name": m.name},
+                )
+                return None
+            case SettlePromise():
+                settle_promise(tenant, m.promise_id, m.value, m.error, m.rejected, now)
+                return None
+            case CreateSchedule():
+                return create_schedule_from_workflow(tenant, ref, m, now)
+            case DeleteSchedule():
+                from schedules.models import Schedule
+
+                deleted, _ = Schedule.objects.filter(
+                    tenant_id=tenant, id=_uuid_or_none(m.schedule_id)
+                ).delete()
+                if not deleted:
+                    raise Refused(Status.NOT_FOUND, f"no schedule {m.schedule_id}")
+                return None
+            case EnqueueInvocation():
+                Invocation.objects.get_or_create(
+                    id=m.invocation_id,
+                    defaults={
+                        "tenant_id": tenant,
+                        "instance_id": ref.run_id,
+                        "service": m.service,
+                        "operation": m.operation,
+                        "request": m.request,
+                        "idempotency_key": m.idempotency_key,
+                        "deliver_at": datetime.fromtimestamp(m.deliver_at_ms / 1000, tz=now.tzinfo),
+                    },
+                )
+                return None
+        raise RuntimeError(f"unrecognised mutation {m!r}")
+
+    def _start_run(
+        self,
+        ref: RunRef,
+        run_id: str,
+        name: str,
+        input: str,
+        version: int,
+        parent_version: int,
+        *,
+        now: datetime,
+        priority: int = 0,
+        parent: bool = False,
+        policy: str = "terminate",
+    ) -> str:
+        if WorkflowInstance.objects.filter(id=run_id).exists():
+            return run_id  # the same step started it before a crash
+        definition = resolve_child_definition(self.tenant_id, name, version, parent_version)
+        parent_row = WorkflowInstance.objects.filter(id=ref.run_id).values("task_queue").first()
+        WorkflowInstance.objects.create(
+            id=run_id,
+            tenant_id=self.tenant_id,
+            workflow_id=run_id,
+            definition=definition,
+            definition_name=definition.name,
+            definition_version=definition.version,
+            input=input,
+            priority=priority,
+            task_queue=(parent_row or {}).get("task_queue", "default"),
+            parent_id=ref.run_id if parent else None,
+            parent_close_policy=policy,
+            next_wake_at=now,
+            created_at=now,
+        )
+        wake.notify_after_commit()
+        return run_id
+
+    # --- reads ---------------------------------------------------------------------------------
+
+    def next_signal(
+        self, run: RunRef, names: Sequence[str], exclude: Collection[str]
+    ) -> SignalMessage | None:
+        excluded = [int(x) for x in exclude if x.isdigit()]
+        with tenant_context(self.tenant_id):
+            row = (
+                Signal.objects.filter(
+                    tenant_id=self.tenant_id,
+                    instance_id=run.run_id,
+                    consumed_at__isnull=True,
+                    name__in=list(names),
+                )
+                .exclude(id__in=excluded)
+                .order_by("id")
+                .values_list("id", "name", "payload", "correlation_id")
+                .first()
+            )
+        if row is None:
+            return None
+        return SignalMessage(str(row[0]), row[1], row[2], row[3])
+
+    def cancellation(self, run: RunRef) -> str | None:
+        with tenant_context(self.tenant_id):
+            row = (
+                WorkflowInstance.objects.filter(id=run.run_id, tenant_id=self.tenant_id)
+                .values_list("cancel_requested", "cancel_reason")
+                .first()
+            )
+        if not row or not row[0]:
+            return None
+        return row[1] or "cancelled"
+
+    def child_outcome(self, run: RunRef, child_run_id: str) -> ChildOutcome | None:
+        with tenant_context(self.tenant_id):
+            return child_outcome(self.tenant_id, child_run_id)
+
+    def promise_state(self, run: RunRef, promise_id: str) -> PromiseState | None:
+        with tenant_context(self.tenant_id):
+            row = (
+                Promise.objects.filter(tenant_id=self.tenant_id, id=promise_id)
+                .values_list("status", "value", "error")
+                .first()
+            )
+        return PromiseState(*row) if row else None
+
+    def get_state(self, run: RunRef, scope: str, key: str) -> str | None:
+        with tenant_context(self.tenant_id):
+            value: str | None = (
+                WorkflowState.objects.filter(tenant_id=self.tenant_id, scope=scope, key=key)
+                .values_list("value", flat=True)
+                .first()
+            )
+        return value
+
+    def list_state(self, run: RunRef, scope: str, prefix: str) -> list[str]:
+        with tenant_context(self.tenant_id):
+            keys = WorkflowState.objects.filter(
+                tenant_id=self.tenant_id, scope=scope, key__startswith=prefix
+            ).values_list("key", flat=True)
+            # Sorted in Python: collations differ between databases; the guest needs one order.
+            return sorted(keys)
+
+    def list_schedules(self, run: RunRef) -> list[dict[str, Any]]:
+        from schedules.models import Schedule
+
+        with tenant_context(self.tenant_id):
+            rows = Schedule.objects.filter(tenant_id=self.tenant_id).order_by("created_at", "id")
+            return [
+                {
+                    "id": str(s.id),
+                    "name": s.name,
+                    "workflow_name": s.workflow_name,
+                    "cron": s.cron,
+                    "timezone": s.timezone,
+                    "input": s.input,
+                    "enabled": s.enabled,
+                }
+                for s in rows
+            ]
+
+    def pending_updates(self, run: RunRef, exclude: Collection[str]) -> list[UpdateRequest]:
+        with tenant_context(self.tenant_id):
+            rows = (
+                UpdateRequestRow.objects.filter(
+                    tenant_id=self.tenant_id, instance_id=run.run_id, status="pending"
+                )
+                .order_by("created_at", "id")
+                .values_list("id", "name", "payload")
+            )
+            return [UpdateRequest(str(i), n, p) for i, n, p in rows if str(i) not in exclude]
+
+    def heartbeat(self, run: RunRef) -> bool:
+        with tenant_context(self.tenant_id):
+            return (
+                WorkflowInstance.objects.filter(
+                    id=run.run_id,
+                    assigned_to=run.worker_id,
+                    generation=run.generation,
+                    status=RunStatus.RUNNING,
+                ).update(heartbeat_at=self.now())
+                == 1
+            )
+
+
+# --- helpers shared with the services ------------------------------------------------------------
+
+
+def _uuid_or_none(text: str) -> uuid.UUID | None:
+    try:
+        return uuid.UUID(str(text))
+    except ValueError:
+        return None
+
+
+def _create_or_update_state(tenant: uuid.UUID, scope: str, key: str, value: str) -> None:
+    try:
+        with transaction.atomic():
+            WorkflowState.objects.create(tenant_id=tenant, scope=scope, key=key, value=value)
+    except IntegrityError:  # created concurrently by a workflow sharing the scope
+        WorkflowState.objects.filter(tenant_id=tenant, scope=scope, key=key).update(value=value)
+
+
+def find_signal_target(tenant: uuid.UUID, target_id: str) -> WorkflowInstance | None:
+    """The run a signal addressed to ``target_id`` reaches: that run, or the newest run of
+    the workflow with that id. None when it does not exist or has finished."""
+    target: WorkflowInstance | None = None
+    as_uuid = _uuid_or_none(target_id)
+    if as_uuid is not None:
+        target = WorkflowInstance.objects.filter(tenant_id=tenant, id=as_uuid).first()
+    if target is None:
+        target = (
+            WorkflowInstance.objects.filter(tenant_id=tenant, workflow_id=target_id)
+            .order_by("-created_at")
+            .first()
+        )
+    if target is None or target.status in TERMINAL_STATUSES:
+        return None
+    return target
+
+
+def child_outcome(tenant: uuid.UUID, run_id: str) -> ChildOutcome | None:
+    as_uuid = _uuid_or_none(run_id)
+    child = (
+        WorkflowInstance.objects.filter(tenant_id=tenant, id=as_uuid).first() if as_uuid else None
+    )
+    if child is None:
+        return ChildOutcome(Status.NOT_FOUND, error=f"no run {run_id}")
+    seen = 0
+    while seen < 10_000:  # follow continue-as-new to the run that finished
+        successor = WorkflowInstance.objects.filter(continued_from_id=child.id).first()
+        if successor is None:
+            break
+        child, seen = successor, seen + 1
+    if child.status == RunStatus.DONE:
+        return ChildOutcome(Status.OK, result=child.result or "")
+    if child.status == RunStatus.TERMINATED:
+        return ChildOutcome(Status.CANCELLED, error=child.error or "terminated")
+    if child.status in TERMINAL_STATUSES:
+        return ChildOutcome(
+            CHILD_STATUS.get(child.error_code or "", Status.ERROR), error=child.error or ""
+        )
+    return None
+
+
+def resolve_child_definition(
+    tenant: uuid.UUID, name: str, version: int, parent_version: int
+) -> WorkflowDefinition:
+    """Explicit version; else the parent's version when the child has it; else the newest
+    non-deprecated version whose min_version admits the parent's."""
+    defs = WorkflowDefinition.objects.filter(tenant_id=tenant, name=name).defer("wasm")
+    if version > 0:
+        found = defs.filter(version=version).first()
+        if found is None:
+            raise Refused(Status.NOT_FOUND, f"{name!r} has no version {version}")
+        return found
+    same = defs.filter(version=parent_version).first() if parent_version else None
+    if same is not None:
+        return same
+    latest = defs.filter(deprecated=False).order_by("-version").first()
+    if latest is None:
+        raise Refused(Status.NOT_FOUND, f"no workflow definition named {name!r}")
+    return latest
+
+
+def settle_promise(
+    tenant: uuid.UUID, promise_id: str, value: str, error: str, rejected: bool, now: datetime
+) -> Promise:
+    promise = Promise.objects.select_for_update().filter(tenant_id=tenant, id=promise_id).first()
+    if promise is None:
+        raise Refused(Status.NOT_FOUND, f"no promise {promise_id}")
+    if promise.status != Promise.State.PENDING:
+        raise Refused(Status.PERMANENT, f"promise {promise_id} is already {promise.status}")
+    promise.status = Promise.State.REJECTED if rejected else Promise.State.RESOLVED
+    promise.value, promise.error, promise.settled_at = value, error, now
+    promise.save(update_fields=["status", "value", "error", "settled_at"])
+    wake.after_commit(tenant, promise.instance_id)
+    return promise
+
+
+def create_schedule_from_workflow(
+    tenant: uuid.UUID, ref: RunRef, m: CreateSchedule, now: datetime
+) -> str:
+    from schedules.models import Schedule
+
+    problem = cron_error(m.cron) or timezone_error(m.timezone)
+    if problem:
+        raise Refused(Status.PERMANENT, problem)
+    if not WorkflowDefinition.objects.filter(tenant_id=tenant, name=m.workflow_name).exists():
+        raise Refused(Status.NOT_FOUND, f"no workflow definition named {m.workflow_name!r}")
+    schedule_id = uuid.UUID(m.schedule_id)
+    if Schedule.objects.filter(tenant_id=tenant, id=schedule_id).exists():
+        return m.schedule_id
+    quota = Tenant.objects.filter(id=tenant).values_list("schedule_quota", flat=True).first() or 0
+    if Schedule.objects.filter(tenant_id=tenant).count() >= quota:
+        raise Refused(Status.DENIED, f"the tenant's quota of {quota} schedules is reached")
+    try:
+        json.loads(m.input)
+    except json.JSONDecodeError:
+        raise Refused(Status.PERMANENT, "the schedule's input is not valid JSON") from None
+    Schedule.objects.create(
+        id=schedule_id,
+        tenant_id=tenant,
+        name=f"{m.workflow_name}-{m.schedule_id[:8]}",
+        workflow_name=m.workflow_name,
+        cron=m.cron,
+        timezone=m.timezone,
+        input=m.input,
+        created_by_run=_uuid_or_none(ref.run_id),
+        created_at=now,
+    )
+    return m.schedule_id
+
+
+__all__ = ["DjangoStorage", "append_locked", "lock_fenced"]

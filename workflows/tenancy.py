@@ -1,0 +1,68 @@
+"""The tenant context: which tenant the current database work belongs to.
+
+On PostgreSQL the context is a transaction-local setting (``cleat.tenant_id``) that the
+row-level security policies read; the policies are fail-closed, so a query on a tenant-scoped
+table outside a context raises instead of returning everything. On the other backends the
+store scopes every query by tenant itself. Use it around every unit of tenant work::
+
+    with tenant_context(tenant_id):
+        ...  # one transaction, every query sees only this tenant's rows
+"""
+
+from __future__ import annotations
+
+import contextvars
+import uuid
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+from django.db import connections, transaction
+
+TENANT_SETTING = "cleat.tenant_id"
+
+_current: contextvars.ContextVar[uuid.UUID | None] = contextvars.ContextVar(
+    "cleat_tenant", default=None
+)
+
+
+class NoTenant(RuntimeError):
+    """Tenant-scoped work was attempted outside a tenant context."""
+
+
+def current_tenant() -> uuid.UUID:
+    tenant = _current.get()
+    if tenant is None:
+        raise NoTenant("no tenant context: wrap tenant work in workflows.tenancy.tenant_context()")
+    return tenant
+
+
+def current_tenant_or_none() -> uuid.UUID | None:
+    return _current.get()
+
+
+def _set_database_tenant(using: str, tenant: uuid.UUID | None) -> None:
+    conn = connections[using]
+    if conn.vendor == "postgresql":
+        with conn.cursor() as cursor:
+            cursor.execute(
+                "SELECT set_config(%s, %s, true)", [TENANT_SETTING, str(tenant) if tenant else ""]
+            )
+
+
+@contextmanager
+def tenant_context(tenant_id: uuid.UUID | str, using: str = "default") -> Iterator[uuid.UUID]:
+    """Run the block in one transaction scoped to ``tenant_id``; nests (inner contexts
+    restore the outer tenant when they end)."""
+    tenant = tenant_id if isinstance(tenant_id, uuid.UUID) else uuid.UUID(str(tenant_id))
+    previous = _current.get()
+    with transaction.atomic(using=using):
+        _set_database_tenant(using, tenant)
+        token = _current.set(tenant)
+        try:
+            yield tenant
+        finally:
+            _current.reset(token)
+        # A savepoint that is released keeps the inner setting; one rolled back (the block
+        # raised) reverts it by itself.
+        if previous is not None and previous != tenant:
+            _set_database_tenant(using, previous)
