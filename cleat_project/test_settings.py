@@ -16,13 +16,15 @@ from cleat_project.settings import *  # noqa: F403
 from cleat_project.settings import BASE_DIR, env
 
 TEST_DB = os.environ.get("CLEAT_TEST_DB", "sqlite")
+# One test database per test process, so concurrent runs on one machine do not collide.
+_SUFFIX = os.environ.get("CLEAT_TEST_DB_SUFFIX", str(os.getpid()))
 if TEST_DB == "postgres":
     DATABASES = {
         "default": env.db_url_config(
             os.environ.get("CLEAT_TEST_POSTGRES_URL", "postgres://postgres@127.0.0.1:5432/postgres")
         )
     }
-    DATABASES["default"]["TEST"] = {"NAME": "test_cleat"}
+    DATABASES["default"]["TEST"] = {"NAME": f"test_cleat_{_SUFFIX}"}
 elif TEST_DB == "mariadb":
     DATABASES = {
         "default": env.db_url_config(
@@ -30,10 +32,10 @@ elif TEST_DB == "mariadb":
         )
     }
     DATABASES["default"]["OPTIONS"] = {"charset": "utf8mb4"}
-    DATABASES["default"]["TEST"] = {"NAME": "test_cleat", "CHARSET": "utf8mb4"}
+    DATABASES["default"]["TEST"] = {"NAME": f"test_cleat_{_SUFFIX}", "CHARSET": "utf8mb4"}
 elif TEST_DB == "sqlite":
     os.makedirs(BASE_DIR / "test-artifacts", exist_ok=True)
-    DATABASES["default"]["TEST"] = {"NAME": str(BASE_DIR / "test-artifacts" / "test.sqlite3")}
+    DATABASES["default"]["TEST"] = {"NAME": str(BASE_DIR / "test-artifacts" / f"test-{_SUFFIX}.sqlite3")}
 else:
     raise RuntimeError(f"CLEAT_TEST_DB must be sqlite, postgres or mariadb, not {TEST_DB!r}")
 

@@ -69,7 +69,9 @@ def import_dotted(path: str) -> Any:
 
 
 def _dumps(value: Any) -> str:
-    return value if isinstance(value, str) else json.dumps(value, separators=(",", ":"))
+    """A Python value as the JSON document a guest receives (a ``str`` becomes a JSON
+    string: services answer with values, not with JSON text)."""
+    return json.dumps(value, separators=(",", ":"), ensure_ascii=False)
 
 
 class PythonService:

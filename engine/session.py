@@ -1642,15 +1642,11 @@ class ExecutionSession:
         event = self._match(StateMutationEvent, ("list", prefix, "", 0))
         if event is None:
             keys = sorted(self.storage.list_state(self.ref, self.scope, prefix))
-            event = self._record(
-                self._state_event("list", prefix, result=json.dumps(keys, ensure_ascii=False))
-            )
+            event = self._record(self._state_event("list", prefix, result=_compact(keys)))
         return Reply(Status.OK, event.result)
 
     def set_scope(self, object_type: str, instance_key: str) -> Reply:
-        previous = json.dumps(
-            {"object_type": self._scope_object[0], "instance_key": self._scope_object[1]}
-        )
+        previous = self._scope_json()
         if self._match(ScopeAcquiredEvent, (object_type, instance_key)) is None:
             self._record(
                 ScopeAcquiredEvent(
@@ -1670,11 +1666,11 @@ class ExecutionSession:
         return Reply(Status.OK, previous)
 
     def get_scope(self) -> Reply:
-        return Reply(
-            Status.OK,
-            json.dumps(
-                {"object_type": self._scope_object[0], "instance_key": self._scope_object[1]}
-            ),
+        return Reply(Status.OK, self._scope_json())
+
+    def _scope_json(self) -> str:
+        return _compact(
+            {"object_type": self._scope_object[0], "instance_key": self._scope_object[1]}
         )
 
     def acquire_lock(self, key: str, ttl_ms: int) -> int:
@@ -1750,6 +1746,11 @@ class ExecutionSession:
                 )
             )
         return Reply(Status.OK, event.result)
+
+
+def _compact(value: Any) -> str:
+    """Every JSON answer the host builds is compact, keys in insertion order."""
+    return json.dumps(value, separators=(",", ":"), ensure_ascii=False)
 
 
 def _fields(event: Event) -> dict[str, Any]:

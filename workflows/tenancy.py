@@ -42,6 +42,13 @@ def current_tenant_or_none() -> uuid.UUID | None:
 
 def _set_database_tenant(using: str, tenant: uuid.UUID | None) -> None:
     conn = connections[using]
+    if conn.vendor == "microsoft":  # SQL Server security policy (untested here)
+        with conn.cursor() as cursor:
+            cursor.execute(
+                "EXEC sp_set_session_context @key = N'cleat.tenant_id', @value = %s",
+                [str(tenant) if tenant else None],
+            )
+        return
     if conn.vendor == "postgresql":
         with conn.cursor() as cursor:
             cursor.execute(

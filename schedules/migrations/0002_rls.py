@@ -9,6 +9,11 @@ from workflows import rls
 
 
 def enable(apps, schema_editor):
+    if schema_editor.connection.vendor == "microsoft":
+        with schema_editor.connection.cursor() as cursor:
+            for statement in rls.mssql_security_policy_sql(SCHEDULE_TABLES, "schedule_policy"):
+                cursor.execute(statement)
+        return
     if schema_editor.connection.vendor != "postgresql":
         return
     role = rls.app_role()

@@ -1,5 +1,5 @@
 ;; The demo workflow: reserve an item, wait for a "paid" signal (30 s timeout), charge,
-;; sleep a minute, and return the charge's response. Hand-written against guest ABI v1.
+;; sleep two seconds, and return the charge's response. Hand-written against guest ABI v1.
 (module
   (import "env" "durable_call" (func $call (param i32 i32 i32 i32 i32 i32) (result i64)))
   (import "env" "durable_await_signals" (func $await (param i32 i32 i64) (result i64)))
@@ -30,6 +30,6 @@
     (local.set $r (call $call (i32.const 100) (i32.const 4) (i32.const 120) (i32.const 6)
                               (i32.const 160) (i32.const 13)))
     (drop (call $query (i32.const 200) (i32.const 5) (i32.const 230) (i32.const 9)))
-    (drop (call $sleep (i64.const 60000)))
+    (drop (call $sleep (i64.const 2000)))
     (local.get $r))
 )

@@ -19,6 +19,11 @@ def create_default_tenant(apps, schema_editor):
 
 
 def enable_rls(apps, schema_editor):
+    if schema_editor.connection.vendor == "microsoft":
+        with schema_editor.connection.cursor() as cursor:
+            for statement in rls.mssql_security_policy_sql(rls.WORKFLOW_TABLES):
+                cursor.execute(statement)
+        return
     if schema_editor.connection.vendor != "postgresql":
         return
     role = rls.app_role()

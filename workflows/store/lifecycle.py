@@ -101,6 +101,18 @@ def claim_ready_instances(
             return [
                 Claim(uuid.UUID(str(i)), uuid.UUID(str(t)), int(g)) for i, t, g in cursor.fetchall()
             ]
+    if connection.vendor == "microsoft":  # untested here: no SQL Server in CI
+        from workflows.rls import MSSQL_CLAIM_SQL
+
+        queues = ", ".join(["%s"] * len(task_queues))
+        with transaction.atomic(), connection.cursor() as cursor:
+            cursor.execute(
+                MSSQL_CLAIM_SQL.format(queues=queues),
+                [limit, now, *task_queues, worker_id, now, now],
+            )
+            return [
+                Claim(uuid.UUID(str(i)), uuid.UUID(str(t)), int(g)) for i, t, g in cursor.fetchall()
+            ]
     with transaction.atomic():
         due = WorkflowInstance.objects.filter(
             status=Status.READY, next_wake_at__lte=now, task_queue__in=list(task_queues)

@@ -13,6 +13,7 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
+import wasmtime
 
 from engine.abi import IMPORTS
 from engine.config import EngineConfig
@@ -319,7 +320,7 @@ def http_server() -> Iterator[tuple[str, list[tuple[str, str, str, str]]]]:
     requests: list[tuple[str, str, str, str]] = []
     handler = type("Handler", (_Handler,), {"requests": requests})
     server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread = threading.Thread(target=server.serve_forever, args=(0.01,), daemon=True)
     thread.start()
     try:
         yield f"http://127.0.0.1:{server.server_address[1]}", requests
@@ -370,6 +371,7 @@ def test_fetch_refuses_loopback_unless_private_addresses_are_allowed(
     assert status == Status.DENIED
     assert "private address" in message
     assert requests == []
+    assert_replays_quietly(env, run)
 
 
 def test_allowed_fetch_returns_status_headers_and_body_and_replays_without_a_request(
@@ -607,7 +609,7 @@ def test_the_fixture_transcription_of_abi_md_matches_the_host() -> None:
     (the host checks each signature) and the names are exactly the host's table."""
     assert list(ABI_V1_PARAMS) == [imp.name for imp in IMPORTS]
     env = WorkflowEnvironment()
-    env.deploy("everything", __import__("wasmtime").wat2wasm(import_all()))
+    env.deploy("everything", wasmtime.wat2wasm(import_all()))
     assert env._modules[("everything", 1)].info.imports == tuple(ABI_V1_PARAMS)
 
 

@@ -459,4 +459,9 @@ def test_deferring_an_export_the_module_lacks_is_a_guest_fault() -> None:
     env = WorkflowEnvironment()
     env.deploy("bad", w.wasm())
     run = env.run("bad")
-    assert env.describe(run)["error_code"] == "guest_fault"
+    info = env.describe(run)
+    assert (info["error_code"], info["error"]) == (
+        "guest_fault",
+        "durable_defer: the module has no export 'cleanup'",
+    )
+    assert_replays_quietly(env, run)

@@ -262,3 +262,4 @@ def test_registering_a_handler_the_module_does_not_export_is_a_guest_fault() -> 
     assert (info["status"], info["error_code"]) == ("failed", "guest_fault")
     assert "register_update_handler" in info["error"]
     assert "'nope'" in info["error"]
+    assert_replays_quietly(env, run)

@@ -283,6 +283,7 @@ def test_signal_to_a_finished_workflow_is_not_found() -> None:
     env.run_until_idle()
     sender = env.run("sender", json.dumps("rx"))
     assert env.result(sender) == [[7, ""], [7, ""]]
+    assert_replays_quietly(env, sender)
 
 
 # --- send_signal_and_wait, reply_to_signal --------------------------------------------------
