@@ -27,8 +27,8 @@ from django.db import close_old_connections, connection
 from django.utils import timezone
 from prometheus_client import Counter, Gauge, Histogram
 
-from workflows.executor import SegmentReport, execute_claim
-from workflows.store import wake
+from workflows.executor import SegmentReport, execute_claim, get_services
+from workflows.store import invocations, wake
 from workflows.store.lifecycle import (
     Claim,
     claim_ready_instances,
@@ -71,6 +71,7 @@ class Worker:
         self._inflight: dict[Future[SegmentReport], Claim] = {}
         self.processed = 0
         self._listener: _PgListener | None = None
+        self._next_invocation_check = 0.0
 
     def stop(self, *_: Any) -> None:
         if not self._stop.is_set():
@@ -131,6 +132,7 @@ class Worker:
                     INFLIGHT.set(len(self._inflight))
                     self._collect(block=False)
                     errors = 0
+                    self._deliver_invocations(now)
                     if opts.max_segments is not None and self.processed >= opts.max_segments:
                         break
                     if opts.burst and not claims and not self._inflight:
@@ -151,6 +153,18 @@ class Worker:
             close_old_connections()
             log.info("event=worker_stopped worker=%s processed=%d", opts.worker_id, self.processed)
         return self.processed
+
+    def _deliver_invocations(self, now: Any) -> None:
+        """Calls workflows handed to the host (durable_send, durable_schedule_invoke)."""
+        if time.monotonic() < self._next_invocation_check:
+            return
+        due = invocations.claim_due(now, 20)
+        for invocation_id, tenant in due:
+            invocations.deliver(invocation_id, tenant, get_services(), now)
+        # Check again at once while there is a backlog, else every poll interval.
+        self._next_invocation_check = (
+            0.0 if due else time.monotonic() + self.options.poll_interval_s
+        )
 
     def _execute(self, claim: Claim) -> SegmentReport:
         close_old_connections()

@@ -383,3 +383,35 @@ def test_fence_lost_writes_nothing(make_env: Any) -> None:
 
 
 __all__ = ["Ref"]
+
+
+def test_durable_send_is_delivered_by_the_worker_with_the_steps_key(make_env: Any) -> None:
+    """durable_send queues the call with the run; the worker delivers it (at least once) with
+    the idempotency key of the step, and a failing delivery is retried later."""
+    from workflows.models import Invocation
+    from workflows.worker import Worker, WorkerOptions
+
+    answers: list[Any] = [RuntimeError("down"), {"sent": True}]
+    mail = FakeService({"send": answers})
+    env = make_env({"mail": mail})
+    w = Wat()
+    w.run(
+        f"(call $rec (call $durable_send {w.s('mail')} {w.s('send')} {w.js({'to': 'ada'})})) (call $finish)"
+    )
+    env.deploy("notify", w.wasm())
+    run = env.run("notify")
+    assert env.result(run) == [[0, ""]]
+    Worker(WorkerOptions(worker_id="w1", burst=True, concurrency=1)).run()
+    with tenant_context(env.tenant.id):
+        [row] = Invocation.objects.all()
+    assert (row.status, row.attempts) == ("pending", 1)
+    assert "down" in row.last_error
+    with tenant_context(env.tenant.id):
+        Invocation.objects.filter(id=row.id).update(deliver_at=row.deliver_at.replace(year=2000))
+    Worker(WorkerOptions(worker_id="w1", burst=True, concurrency=1)).run()
+    with tenant_context(env.tenant.id):
+        row.refresh_from_db()
+    assert (row.status, row.attempts) == ("delivered", 2)
+    assert [c.operation for c in mail.calls] == ["send", "send"]
+    assert len({c.idempotency_key for c in mail.calls}) == 1
+    assert mail.calls[0].idempotency_key == row.idempotency_key
