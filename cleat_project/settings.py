@@ -51,6 +51,7 @@ MIDDLEWARE = [
     "django.middleware.csrf.CsrfViewMiddleware",
     "django.contrib.auth.middleware.AuthenticationMiddleware",
     "django.contrib.messages.middleware.MessageMiddleware",
+    "workflows.middleware.TenantContextMiddleware",
     "django.middleware.clickjacking.XFrameOptionsMiddleware",
 ]
 

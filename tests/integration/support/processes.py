@@ -130,7 +130,6 @@ class WorkerProcess:
         self._log.close()
 
     def log(self) -> str:
-        self._log.flush()
         return self.log_path.read_text(errors="replace")
 
     def segments(self) -> list[SegmentLine]:
