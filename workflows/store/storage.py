@@ -443,6 +443,7 @@ class DjangoStorage:
             return (
                 WorkflowInstance.objects.filter(
                     id=run.run_id,
+                    tenant_id=self.tenant_id,
                     assigned_to=run.worker_id,
                     generation=run.generation,
                     status=RunStatus.RUNNING,

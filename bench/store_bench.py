@@ -1,0 +1,806 @@
+"""Store benchmark: persistence and the dispatch worker on PostgreSQL, next to DBOS Transact
+and pgbench on the same server.
+
+Run it from the repository root (PostgreSQL reachable as a superuser, ``pgbench`` on PATH;
+``pip install -r bench/requirements.txt`` for the DBOS comparison)::
+
+    .venv/bin/python -m bench.store_bench                       # everything, about 5 minutes
+    .venv/bin/python -m bench.store_bench --no-dbos --latency-runs 50
+    .venv/bin/python -m bench.store_bench --only profile        # where one step's time goes
+
+What it does (``bench/README.md``, section "Store benchmark", has the details):
+
+1. creates a fresh database, migrates it as the superuser, and from then on connects as the
+   application role ``cleat_app``, so row-level security applies as in production;
+2. throughput: inserts 1,000 starts of a workflow that makes 10 durable calls to a Python
+   service returning at once, then starts ``manage.py runworker --burst --processes N
+   --concurrency C`` and times from the spawn until the last run's ``completed_at``
+   (N = 1, then 2; the tables are emptied in between);
+3. latency: a long-running ``runworker`` (LISTEN/NOTIFY) and ~200 sequential starts of a
+   one-step workflow, each awaited; ``completed_at - created_at`` of the rows;
+4. the same throughput workload on DBOS Transact (``bench/dbos_workload.py``, its own
+   database) and pgbench's single-client one-row INSERT rate on a one-table database;
+5. a final table with the goals. ``--only profile`` runs segments in this process, one after
+   another, and prints the SQL each step issues and a cProfile summary.
+
+Every database it creates is dropped at the end (``--keep`` keeps them).
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import cProfile
+import io
+import json
+import os
+import platform
+import pstats
+import re
+import shutil
+import signal
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+import uuid
+from collections import defaultdict
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlsplit, urlunsplit
+
+ROOT = Path(__file__).resolve().parent.parent
+PYTHON = sys.executable
+SERVICE_TARGET = "bench.store_bench.echo"
+
+GOAL_VS_DBOS = 2.0  # cleat steps/s / DBOS steps/s
+GOAL_VS_PGBENCH = 0.5  # cleat steps/s per worker process / pgbench inserts/s
+GOAL_P50_MS = 10.0
+GOAL_P99_MS = 50.0
+
+
+def echo(request: Any, *, idempotency_key: str, context: Any) -> dict[str, Any]:
+    """The benchmark's service: returns at once (``CLEAT_SERVICES={"bench": ...}``)."""
+    return {}
+
+
+# N durable calls of bench.echo("{}"), N the decimal input; the result is `true`.
+STEPS_WAT = r"""
+(module
+  (import "env" "durable_call" (func $call (param i32 i32 i32 i32 i32 i32) (result i64)))
+  (memory (export "memory") 1)
+  (global $heap (mut i32) (i32.const 1024))
+  (data (i32.const 16) "bench")
+  (data (i32.const 32) "echo")
+  (data (i32.const 48) "{}")
+  (data (i32.const 64) "\00true")
+  (func (export "cleat_alloc") (param $n i32) (result i32)
+    (local $p i32)
+    (local $end i32)
+    (local $have i32)
+    (local.set $p (global.get $heap))
+    (local.set $end (i32.add (local.get $p) (local.get $n)))
+    (local.set $have (i32.mul (memory.size) (i32.const 65536)))
+    (if (i32.gt_u (local.get $end) (local.get $have))
+      (then
+        (if (i32.eq
+              (memory.grow
+                (i32.shr_u (i32.add (i32.sub (local.get $end) (local.get $have))
+                                    (i32.const 65535))
+                           (i32.const 16)))
+              (i32.const -1))
+          (then unreachable))))
+    (global.set $heap (local.get $end))
+    (local.get $p))
+  (func (export "run") (param $ptr i32) (param $len i32) (result i64)
+    (local $n i32)
+    (local $i i32)
+    (local $b i32)
+    (block $parsed
+      (loop $digits
+        (br_if $parsed (i32.eqz (local.get $len)))
+        (local.set $b (i32.load8_u (local.get $ptr)))
+        (if (i32.and (i32.ge_u (local.get $b) (i32.const 48))
+                     (i32.le_u (local.get $b) (i32.const 57)))
+          (then
+            (local.set $n (i32.add (i32.mul (local.get $n) (i32.const 10))
+                                   (i32.sub (local.get $b) (i32.const 48))))))
+        (local.set $ptr (i32.add (local.get $ptr) (i32.const 1)))
+        (local.set $len (i32.sub (local.get $len) (i32.const 1)))
+        (br $digits)))
+    (block $done
+      (loop $steps
+        (br_if $done (i32.ge_u (local.get $i) (local.get $n)))
+        (drop (call $call (i32.const 16) (i32.const 5)
+                          (i32.const 32) (i32.const 4)
+                          (i32.const 48) (i32.const 2)))
+        (local.set $i (i32.add (local.get $i) (i32.const 1)))
+        (br $steps)))
+    (i64.or (i64.shl (i64.const 64) (i64.const 32)) (i64.const 5)))
+)
+"""
+
+
+# --- PostgreSQL plumbing -----------------------------------------------------------------------
+
+
+@dataclass
+class Server:
+    """The PostgreSQL server, reached as a superuser (``--pg``)."""
+
+    url: str
+
+    def __post_init__(self) -> None:
+        parts = urlsplit(self.url)
+        self.host = parts.hostname or "127.0.0.1"
+        self.port = str(parts.port or 5432)
+        self.user = parts.username or "postgres"
+        self.env = {**os.environ}
+        if parts.password:
+            self.env["PGPASSWORD"] = parts.password
+
+    def db_url(self, db: str, user: str | None = None, query: str = "") -> str:
+        parts = urlsplit(self.url)
+        netloc = f"{user or self.user}@{self.host}:{self.port}"
+        if parts.password and user is None:
+            netloc = f"{self.user}:{parts.password}@{self.host}:{self.port}"
+        return urlunsplit(("postgres", netloc, f"/{db}", query, ""))
+
+    def _args(self) -> list[str]:
+        return ["-h", self.host, "-p", self.port, "-U", self.user]
+
+    def psql(self, db: str, sql: str) -> str:
+        out = subprocess.run(
+            ["psql", *self._args(), "-d", db, "-v", "ON_ERROR_STOP=1", "-tAc", sql],
+            env=self.env,
+            check=True,
+            capture_output=True,
+            text=True,
+        )
+        return out.stdout.strip()
+
+    def create(self, db: str) -> None:
+        self.drop(db)
+        subprocess.run(["createdb", *self._args(), db], env=self.env, check=True)
+
+    def drop(self, db: str) -> None:
+        subprocess.run(
+            ["dropdb", *self._args(), "--if-exists", "--force", db],
+            env=self.env,
+            check=True,
+            capture_output=True,
+        )
+
+    def setting(self, name: str) -> str:
+        return self.psql("postgres", f"SHOW {name}")
+
+
+# --- the cleat side -------------------------------------------------------------------------------
+
+
+@dataclass
+class Cleat:
+    server: Server
+    db: str
+    conn_max_age: int
+    logdir: Path
+    app_url: str = ""
+    env: dict[str, str] = field(default_factory=dict)
+
+    def prepare(self) -> None:
+        """Create and migrate the database (as the owner); configure Django in this process
+        as the application role."""
+        self.server.create(self.db)
+        owner_env = {
+            **self.server.env,
+            "DEBUG": "1",
+            "DATABASE_URL": self.server.db_url(self.db),
+        }
+        subprocess.run(
+            [PYTHON, "manage.py", "migrate", "-v", "0"],
+            cwd=ROOT,
+            env=owner_env,
+            check=True,
+        )
+        query = f"conn_max_age={self.conn_max_age}" if self.conn_max_age else ""
+        self.app_url = self.server.db_url(self.db, user="cleat_app", query=query)
+        self.env = {
+            **os.environ,
+            "DATABASE_URL": self.app_url,
+            "DEBUG": "0",
+            "SECRET_KEY": "store-bench-" + uuid.uuid4().hex,
+            "CLEAT_SERVICES": json.dumps({"bench": SERVICE_TARGET}),
+            "DJANGO_SETTINGS_MODULE": "cleat_project.settings",
+            "PYTHONPATH": str(ROOT),
+        }
+        os.environ.update(
+            {k: self.env[k] for k in ("DATABASE_URL", "DEBUG", "SECRET_KEY", "CLEAT_SERVICES")}
+        )
+        os.environ["DJANGO_SETTINGS_MODULE"] = "cleat_project.settings"
+        import django
+
+        django.setup()
+        import wasmtime
+
+        from workflows.models import DEFAULT_TENANT_ID
+        from workflows.services import deploy_definition, get_tenant
+
+        self.tenant = get_tenant(str(DEFAULT_TENANT_ID))
+        deploy_definition(self.tenant, "bench_steps", wasmtime.wat2wasm(STEPS_WAT))
+
+    def reset(self) -> None:
+        """Empty the run tables (as the owner) between rounds."""
+        from django.db import connections
+
+        connections.close_all()
+        self.server.psql(
+            self.db,
+            "TRUNCATE workflows_workflowevent, workflows_signal, workflows_updaterequest, "
+            "workflows_promise, workflows_workflowinstance CASCADE; "
+            "VACUUM ANALYZE workflows_workflowinstance; VACUUM ANALYZE workflows_workflowevent",
+        )
+
+    def start_many(self, count: int, steps: int) -> None:
+        from workflows.services import start_workflow
+
+        for _ in range(count):
+            start_workflow(self.tenant, "bench_steps", steps)
+
+    def runworker(self, *args: str, log: str) -> subprocess.Popen[bytes]:
+        out = open(self.logdir / log, "ab")  # noqa: SIM115 -- closed with the process
+        return subprocess.Popen(
+            [PYTHON, "manage.py", "runworker", *args],
+            cwd=ROOT,
+            env=self.env,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+
+    def summary(self) -> dict[str, Any]:
+        from django.db.models import Count, Max, Min, Q, Sum
+
+        from workflows.models import Status, WorkflowEvent, WorkflowInstance
+        from workflows.tenancy import tenant_context
+
+        with tenant_context(self.tenant.id):
+            agg = WorkflowInstance.objects.aggregate(
+                runs=Count("id"),
+                done=Count("id", filter=Q(status=Status.DONE)),
+                events=Sum("event_count"),
+                first_claim=Min("started_at"),
+                last_done=Max("completed_at"),
+            )
+            agg["event_rows"] = WorkflowEvent.objects.count()
+        return agg
+
+
+@dataclass
+class Throughput:
+    system: str
+    processes: int
+    concurrency: int
+    workflows: int
+    steps: int
+    wall_s: float  # from the workers' spawn until the last run completed
+    busy_s: float  # from the first claim until the last run completed
+    ok: bool
+    note: str = ""
+
+    @property
+    def steps_per_s(self) -> float:
+        return self.workflows * self.steps / self.wall_s
+
+    @property
+    def workflows_per_s(self) -> float:
+        return self.workflows / self.wall_s
+
+    @property
+    def busy_steps_per_s(self) -> float:
+        return self.workflows * self.steps / self.busy_s if self.busy_s else 0.0
+
+
+def cleat_throughput(
+    cleat: Cleat, workflows: int, steps: int, processes: int, concurrency: int
+) -> Throughput:
+    from django.db import connections
+    from django.utils import timezone
+
+    cleat.reset()
+    cleat.start_many(workflows, steps)
+    connections.close_all()
+    spawn = timezone.now()
+    proc = cleat.runworker(
+        "--processes",
+        str(processes),
+        "--concurrency",
+        str(concurrency),
+        "--burst",
+        log=f"cleat-throughput-p{processes}-c{concurrency}.log",
+    )
+    code = proc.wait(timeout=1800)
+    info = cleat.summary()
+    ok = (
+        code == 0
+        and info["done"] == workflows
+        and info["events"] == workflows * steps
+        and info["event_rows"] == workflows * steps
+    )
+    last = info["last_done"] or timezone.now()
+    return Throughput(
+        "cleat",
+        processes,
+        concurrency,
+        workflows,
+        steps,
+        (last - spawn).total_seconds(),
+        (last - info["first_claim"]).total_seconds() if info["first_claim"] else 0.0,
+        ok,
+        "" if ok else f"exit {code}, {info}",
+    )
+
+
+@dataclass
+class Latency:
+    samples_ms: list[float]
+
+    def pct(self, p: float) -> float:
+        data = sorted(self.samples_ms)
+        if not data:
+            return float("nan")
+        k = (len(data) - 1) * p / 100
+        lo, hi = int(k), min(int(k) + 1, len(data) - 1)
+        return data[lo] + (data[hi] - data[lo]) * (k - lo)
+
+
+def cleat_latency(cleat: Cleat, runs: int, concurrency: int) -> Latency:
+    from django.db import connections
+
+    from workflows.models import Status, WorkflowInstance
+    from workflows.services import start_workflow
+    from workflows.tenancy import tenant_context
+
+    cleat.reset()
+    worker = cleat.runworker("--concurrency", str(concurrency), log="cleat-latency.log")
+
+    def one() -> float:
+        instance, _ = start_workflow(cleat.tenant, "bench_steps", 1)
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:
+            with tenant_context(cleat.tenant.id):
+                row = (
+                    WorkflowInstance.objects.filter(id=instance.id)
+                    .values_list("status", "created_at", "completed_at")
+                    .get()
+                )
+            if row[0] == Status.DONE:
+                return (row[2] - row[1]).total_seconds() * 1000
+            if row[0] not in (Status.READY, Status.RUNNING):
+                raise RuntimeError(f"latency run ended {row[0]}")
+            time.sleep(0.002)
+        raise RuntimeError("latency run not done after 30 s")
+
+    try:
+        for _ in range(5):  # warm-up: the worker's start-up, module compile, connections
+            one()
+        time.sleep(1.0)
+        samples = []
+        for _ in range(runs):
+            samples.append(one())
+            time.sleep(0.02)  # idle system: the worker is back in LISTEN
+    finally:
+        os.killpg(worker.pid, signal.SIGTERM)
+        worker.wait(timeout=60)
+        connections.close_all()
+    return Latency(samples)
+
+
+# --- the comparisons ---------------------------------------------------------------------------
+
+
+def dbos_throughput(
+    server: Server,
+    db: str,
+    workflows: int,
+    steps: int,
+    processes: int,
+    concurrency: int,
+    poll_s: float,
+    logdir: Path,
+) -> Throughput:
+    server.create(db)
+    url = server.db_url(db).replace("postgres://", "postgresql+psycopg://", 1)
+    common = ["--url", url, "--workflows", str(workflows), "--concurrency", str(concurrency)]
+    common += ["--poll", str(poll_s)]
+    subprocess.run(
+        [PYTHON, "-m", "bench.dbos_workload", "setup", *common, "--steps", str(steps)],
+        cwd=ROOT,
+        check=True,
+        capture_output=True,
+    )
+    spawn_ms = time.time() * 1000
+    procs = []
+    for i in range(processes):
+        out = open(logdir / f"dbos-p{processes}-w{i}.log", "ab")  # noqa: SIM115
+        procs.append(
+            subprocess.Popen(
+                [PYTHON, "-m", "bench.dbos_workload", "worker", *common, "--executor", f"w{i}"],
+                cwd=ROOT,
+                stdout=out,
+                stderr=subprocess.STDOUT,
+            )
+        )
+    codes = [p.wait(timeout=1800) for p in procs]
+    row = server.psql(
+        db,
+        "SELECT count(*) FILTER (WHERE status = 'SUCCESS'), min(started_at_epoch_ms), "
+        "max(completed_at), (SELECT count(*) FROM dbos.operation_outputs) "
+        "FROM dbos.workflow_status",
+    ).split("|")
+    done, first, last, outputs = int(row[0]), float(row[1]), float(row[2]), int(row[3])
+    ok = not any(codes) and done == workflows and outputs == workflows * steps
+    return Throughput(
+        "dbos",
+        processes,
+        concurrency,
+        workflows,
+        steps,
+        (last - spawn_ms) / 1000,
+        (last - first) / 1000,
+        ok,
+        "" if ok else f"exits {codes}, {done} succeeded, {outputs} step outputs",
+    )
+
+
+def pgbench_inserts(server: Server, db: str, seconds: int, workdir: Path) -> float:
+    server.create(db)
+    server.psql(db, "CREATE TABLE t (id bigserial PRIMARY KEY, v text NOT NULL)")
+    script = workdir / "insert.sql"
+    script.write_text("INSERT INTO t (v) VALUES ('x');\n")
+    out = subprocess.run(
+        ["pgbench", *server._args(), "-n", "-c", "1", "-T", str(seconds), "-f", str(script), db],
+        env=server.env,
+        check=True,
+        capture_output=True,
+        text=True,
+    ).stdout
+    found = re.search(r"tps = ([0-9.]+)", out)
+    if not found:
+        raise RuntimeError(f"cannot read pgbench's output:\n{out}")
+    return float(found.group(1))
+
+
+# --- profile -----------------------------------------------------------------------------------
+
+
+def _statement_kind(sql: str) -> str:
+    text = " ".join(sql.split())
+    head = text[:80].upper()
+    if "SET_CONFIG" in head:
+        return "set_config (tenant)"
+    if "CLAIM_INSTANCES" in head:
+        return "claim (definer function)"
+    if head.startswith("SELECT") and "FOR NO KEY UPDATE" in text.upper():
+        return "fence lock SELECT ... FOR NO KEY UPDATE"
+    table = re.search(r'(?:FROM|INTO|UPDATE) "?(\w+)"?', text)
+    verb = head.split(" ", 1)[0]
+    if head.startswith("WITH"):
+        verb = "WITH (CTE)"
+    return f"{verb} {table.group(1) if table else ''}".strip()
+
+
+def profile(cleat: Cleat, workflows: int, steps: int) -> None:
+    """Execute segments in this process, one after another, recording every SQL statement
+    (kind, count, time) and a cProfile of the whole."""
+    from django.db import connection, connections
+    from django.utils import timezone
+
+    from workflows.executor import execute_claim, set_services
+    from workflows.store.lifecycle import claim_ready_instances
+
+    cleat.reset()
+    cleat.start_many(workflows + 5, steps)
+    connections.close_all()
+    stats: dict[str, list[float]] = defaultdict(list)
+    commits: list[float] = []
+
+    def wrapper(execute: Any, sql: str, params: Any, many: bool, context: Any) -> Any:
+        t = time.perf_counter()
+        try:
+            return execute(sql, params, many, context)
+        finally:
+            stats[_statement_kind(sql)].append(time.perf_counter() - t)
+
+    from engine.services import Services
+
+    set_services(Services.from_settings({"bench": echo}))
+    worker_id = "profile-" + uuid.uuid4().hex[:6]
+
+    def run_one() -> int:
+        claims = claim_ready_instances(worker_id, ["default"], 1, timezone.now())
+        if not claims:
+            return 0
+        report = execute_claim(claims[0], worker_id)
+        assert report.outcome == "completed", report
+        return 1
+
+    for _ in range(5):  # warm-up: module compile, connection
+        run_one()
+    stats.clear()
+    raw_commit = connection.commit
+
+    profiler = cProfile.Profile()
+    with connection.execute_wrapper(wrapper):
+        original = type(connection).commit
+
+        def timed_commit(self: Any) -> None:
+            t = time.perf_counter()
+            try:
+                original(self)
+            finally:
+                commits.append(time.perf_counter() - t)
+
+        type(connection).commit = timed_commit  # type: ignore[method-assign]
+        try:
+            started = time.perf_counter()
+            profiler.enable()
+            done = sum(run_one() for _ in range(workflows))
+            profiler.disable()
+            elapsed = time.perf_counter() - started
+        finally:
+            type(connection).commit = original  # type: ignore[method-assign]
+    del raw_commit
+    total_steps = done * steps
+    print(f"\n== profile: {done} workflows x {steps} steps, one at a time, in this process")
+    print(
+        f"   {elapsed:.2f} s: {total_steps / elapsed:.0f} steps/s, "
+        f"{elapsed / total_steps * 1e3:.3f} ms per step (all costs of the segment included)"
+    )
+    print(f"   {'statement':48} {'count':>7} {'per step':>9} {'mean ms':>8} {'ms/step':>8}")
+    rows = sorted(stats.items(), key=lambda kv: -sum(kv[1]))
+    rows.append(("COMMIT (connection.commit)", commits))
+    sql_time = 0.0
+    for kind, times in rows:
+        sql_time += sum(times)
+        print(
+            f"   {kind[:48]:48} {len(times):7d} {len(times) / total_steps:9.2f} "
+            f"{statistics.fmean(times) * 1e3:8.3f} {sum(times) / total_steps * 1e3:8.3f}"
+        )
+    n_statements = sum(len(t) for t in stats.values()) + len(commits)
+    print(
+        f"   statements + commits per step: {n_statements / total_steps:.2f} "
+        f"(+1 BEGIN per transaction, sent by psycopg); SQL wall time "
+        f"{sql_time / total_steps * 1e3:.3f} ms/step of {elapsed / total_steps * 1e3:.3f}"
+    )
+    buf = io.StringIO()
+    ps = pstats.Stats(profiler, stream=buf).sort_stats("cumulative")
+    ps.print_stats(
+        r"(store/storage|store/lifecycle|executor|tenancy|session\.py|runtime\.py|"
+        r"django/db/models/query\.py|psycopg/cursor\.py|transaction\.py)"
+    )
+    lines = [ln for ln in buf.getvalue().splitlines() if ln.strip()]
+    print("   cProfile, cumulative (selected):")
+    for ln in lines[:45]:
+        print("   " + ln)
+    set_services(None)
+    connections.close_all()
+
+
+# --- report ------------------------------------------------------------------------------------
+
+
+def _fmt(value: float, unit: str = "") -> str:
+    if value != value:  # NaN
+        return "n/a"
+    if abs(value) >= 100:
+        return f"{value:,.0f}{unit}"
+    return f"{value:.2f}{unit}"
+
+
+def print_table(
+    cleat_runs: Sequence[Throughput],
+    dbos_runs: Sequence[Throughput],
+    latency: Latency | None,
+    pgbench: float | None,
+) -> None:
+    print("\n== store benchmark: results")
+    print(
+        f"   machine: {os.cpu_count()} cores, {platform.python_implementation()} "
+        f"{platform.python_version()}, PostgreSQL {_server_version()}"
+    )
+    head = (
+        f"   {'system':7} {'proc':>4} {'conc':>4} {'wall s':>7} {'steps/s':>8} "
+        f"{'wf/s':>7} {'steps/s/proc':>12} {'busy steps/s':>12}  check"
+    )
+    print(head)
+    for t in [*cleat_runs, *dbos_runs]:
+        print(
+            f"   {t.system:7} {t.processes:4d} {t.concurrency:4d} {t.wall_s:7.2f} "
+            f"{t.steps_per_s:8.0f} {t.workflows_per_s:7.1f} {t.steps_per_s / t.processes:12.0f} "
+            f"{t.busy_steps_per_s:12.0f}  {'ok' if t.ok else 'FAILED ' + t.note}"
+        )
+    if pgbench is not None:
+        print(f"   pgbench -c 1 one-row INSERT: {pgbench:,.0f} tps")
+    if latency is not None:
+        s = latency.samples_ms
+        print(
+            f"   latency (completed_at - created_at, {len(s)} sequential 1-step runs): "
+            f"p50 {latency.pct(50):.2f} ms, p90 {latency.pct(90):.2f} ms, "
+            f"p99 {latency.pct(99):.2f} ms, max {max(s):.2f} ms"
+        )
+
+    print("\n   goal                                         figure            goal    met")
+    by_proc_dbos = {t.processes: t for t in dbos_runs}
+    for t in cleat_runs:
+        d = by_proc_dbos.get(t.processes)
+        if d is not None:
+            ratio = t.steps_per_s / d.steps_per_s
+            print(
+                f"   cleat/DBOS steps/s, {t.processes} proc{'s' if t.processes > 1 else ' '}"
+                f"{'':21} {ratio:6.2f}x ({t.steps_per_s:.0f}/{d.steps_per_s:.0f})"
+                f"{'':>0} >= {GOAL_VS_DBOS:.1f}x  {'yes' if ratio >= GOAL_VS_DBOS else 'NO'}"
+            )
+        if pgbench:
+            ratio = t.steps_per_s / t.processes / pgbench
+            print(
+                f"   cleat steps/s per process / pgbench, {t.processes} proc"
+                f"{'s' if t.processes > 1 else ' '}      {ratio * 100:6.1f}% "
+                f"({t.steps_per_s / t.processes:.0f}/{pgbench:.0f})"
+                f"  >= {GOAL_VS_PGBENCH * 100:.0f}%   {'yes' if ratio >= GOAL_VS_PGBENCH else 'NO'}"
+            )
+    if latency is not None:
+        p50, p99 = latency.pct(50), latency.pct(99)
+        print(
+            f"   start->done latency p50{'':22} {p50:8.2f} ms{'':8} <= {GOAL_P50_MS:.0f} ms  "
+            f"{'yes' if p50 <= GOAL_P50_MS else 'NO'}"
+        )
+        print(
+            f"   start->done latency p99{'':22} {p99:8.2f} ms{'':8} <= {GOAL_P99_MS:.0f} ms  "
+            f"{'yes' if p99 <= GOAL_P99_MS else 'NO'}"
+        )
+
+
+_SERVER_VERSION = "?"
+
+
+def _server_version() -> str:
+    return _SERVER_VERSION
+
+
+# --- main --------------------------------------------------------------------------------------
+
+
+def _ints(text: str) -> list[int]:
+    return [int(x) for x in text.split(",") if x.strip()]
+
+
+@contextlib.contextmanager
+def _databases(server: Server, names: Sequence[str], keep: bool) -> Iterator[None]:
+    try:
+        yield
+    finally:
+        if not keep:
+            with contextlib.suppress(Exception):
+                from django.db import connections
+
+                connections.close_all()
+            for name in names:
+                with contextlib.suppress(Exception):
+                    server.drop(name)
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=(__doc__ or "").split("\n\n")[0])
+    parser.add_argument(
+        "--pg",
+        default=os.environ.get("CLEAT_BENCH_PG", "postgres://postgres@127.0.0.1:5432"),
+        help="superuser URL of the PostgreSQL server (env CLEAT_BENCH_PG)",
+    )
+    parser.add_argument("--workflows", type=int, default=1000)
+    parser.add_argument("--steps", type=int, default=10)
+    parser.add_argument("--processes", default="1,2", help="worker process counts, e.g. 1,2")
+    parser.add_argument("--concurrency", type=int, default=8, help="segments per process")
+    parser.add_argument(
+        "--conn-max-age",
+        type=int,
+        default=0,
+        help="CONN_MAX_AGE of the workers' connections (DATABASE_URL ?conn_max_age=); "
+        "0, Django's default, reconnects for every segment",
+    )
+    parser.add_argument("--latency-runs", type=int, default=200)
+    parser.add_argument("--dbos", action=argparse.BooleanOptionalAction, default=True)
+    parser.add_argument("--dbos-concurrency", type=int, default=None, help="default: --concurrency")
+    parser.add_argument("--dbos-poll", type=float, default=0.05, help="DBOS queue poll (s)")
+    parser.add_argument("--pgbench-seconds", type=int, default=10)
+    parser.add_argument(
+        "--only",
+        choices=["throughput", "latency", "dbos", "pgbench", "profile"],
+        action="append",
+        help="run only these parts (repeatable); default all but profile",
+    )
+    parser.add_argument("--profile-workflows", type=int, default=200)
+    parser.add_argument("--keep", action="store_true", help="keep the databases")
+    args = parser.parse_args(argv)
+    parts = set(args.only or ["throughput", "latency", "dbos", "pgbench"])
+    if not args.dbos:
+        parts.discard("dbos")
+
+    global _SERVER_VERSION
+    server = Server(args.pg)
+    _SERVER_VERSION = server.setting("server_version")
+    suffix = f"{os.getpid()}"
+    names = {
+        "cleat": f"cleat_bench_{suffix}",
+        "dbos": f"dbos_bench_{suffix}",
+        "pgbench": f"pgbench_bench_{suffix}",
+    }
+    logdir = Path(tempfile.mkdtemp(prefix="cleat-store-bench-"))
+    processes = _ints(args.processes)
+    print(
+        f"store benchmark: {args.workflows} workflows x {args.steps} steps; worker processes "
+        f"{processes}, concurrency {args.concurrency}, conn_max_age {args.conn_max_age}; "
+        f"synchronous_commit={server.setting('synchronous_commit')}, "
+        f"fsync={server.setting('fsync')}; logs in {logdir}"
+    )
+    cleat_runs: list[Throughput] = []
+    dbos_runs: list[Throughput] = []
+    latency: Latency | None = None
+    pgbench: float | None = None
+    with _databases(server, list(names.values()), args.keep):
+        needs_cleat = parts & {"throughput", "latency", "profile"}
+        cleat = Cleat(server, names["cleat"], args.conn_max_age, logdir)
+        if needs_cleat:
+            cleat.prepare()
+        if "profile" in parts:
+            profile(cleat, args.profile_workflows, args.steps)
+        if "throughput" in parts:
+            for n in processes:
+                t = cleat_throughput(cleat, args.workflows, args.steps, n, args.concurrency)
+                cleat_runs.append(t)
+                print(
+                    f"cleat  {n} proc x {args.concurrency}: {t.wall_s:.2f} s, "
+                    f"{t.steps_per_s:.0f} steps/s, {t.workflows_per_s:.1f} wf/s "
+                    f"(from first claim: {t.busy_steps_per_s:.0f} steps/s) "
+                    f"{'ok' if t.ok else 'FAILED ' + t.note}",
+                    flush=True,
+                )
+        if "latency" in parts and args.latency_runs > 0:
+            latency = cleat_latency(cleat, args.latency_runs, args.concurrency)
+            print(
+                f"cleat  latency: p50 {latency.pct(50):.2f} ms, p99 {latency.pct(99):.2f} ms",
+                flush=True,
+            )
+        if "dbos" in parts:
+            conc = args.dbos_concurrency or args.concurrency
+            for n in processes:
+                t = dbos_throughput(
+                    server,
+                    names["dbos"],
+                    args.workflows,
+                    args.steps,
+                    n,
+                    conc,
+                    args.dbos_poll,
+                    logdir,
+                )
+                dbos_runs.append(t)
+                print(
+                    f"dbos   {n} proc x {conc}: {t.wall_s:.2f} s, {t.steps_per_s:.0f} steps/s, "
+                    f"{t.workflows_per_s:.1f} wf/s (from first start: "
+                    f"{t.busy_steps_per_s:.0f} steps/s) {'ok' if t.ok else 'FAILED ' + t.note}",
+                    flush=True,
+                )
+        if "pgbench" in parts:
+            pgbench = pgbench_inserts(server, names["pgbench"], args.pgbench_seconds, logdir)
+            print(f"pgbench: {pgbench:.0f} single-client INSERT tps", flush=True)
+    if cleat_runs or dbos_runs or latency or pgbench:
+        print_table(cleat_runs, dbos_runs, latency, pgbench)
+    if not args.keep:
+        shutil.rmtree(logdir, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    main()
