@@ -239,9 +239,10 @@ class Cleat:
         self.server.psql(
             self.db,
             "TRUNCATE workflows_workflowevent, workflows_signal, workflows_updaterequest, "
-            "workflows_promise, workflows_workflowinstance CASCADE; "
-            "VACUUM ANALYZE workflows_workflowinstance; VACUUM ANALYZE workflows_workflowevent",
+            "workflows_promise, workflows_workflowinstance CASCADE",
         )
+        for table in ("workflows_workflowinstance", "workflows_workflowevent"):
+            self.server.psql(self.db, f"VACUUM ANALYZE {table}")
 
     def start_many(self, count: int, steps: int) -> None:
         from workflows.services import start_workflow
@@ -530,20 +531,19 @@ def profile(cleat: Cleat, workflows: int, steps: int) -> None:
     for _ in range(5):  # warm-up: module compile, connection
         run_one()
     stats.clear()
-    raw_commit = connection.commit
-
+    wrapper_db = connections["default"]
     profiler = cProfile.Profile()
     with connection.execute_wrapper(wrapper):
-        original = type(connection).commit
+        original = wrapper_db.commit
 
-        def timed_commit(self: Any) -> None:
+        def timed_commit() -> None:
             t = time.perf_counter()
             try:
-                original(self)
+                original()
             finally:
                 commits.append(time.perf_counter() - t)
 
-        type(connection).commit = timed_commit  # type: ignore[method-assign]
+        wrapper_db.commit = timed_commit  # type: ignore[method-assign]
         try:
             started = time.perf_counter()
             profiler.enable()
@@ -551,8 +551,7 @@ def profile(cleat: Cleat, workflows: int, steps: int) -> None:
             profiler.disable()
             elapsed = time.perf_counter() - started
         finally:
-            type(connection).commit = original  # type: ignore[method-assign]
-    del raw_commit
+            del wrapper_db.commit
     total_steps = done * steps
     print(f"\n== profile: {done} workflows x {steps} steps, one at a time, in this process")
     print(

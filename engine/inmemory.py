@@ -47,20 +47,10 @@ from engine.storage import (
     StartChild,
     StartDetached,
     UpdateRequest,
+    child_status,
 )
 
 TERMINAL = frozenset({"done", "failed", "dead_lettered", "terminated"})
-
-# How a failed child's error code is reported to the parent awaiting it.
-_CHILD_STATUS = {
-    "permanent": Status.PERMANENT,
-    "cancelled": Status.CANCELLED,
-    "timeout": Status.TIMEOUT,
-    "retries_exhausted": Status.RETRIES_EXHAUSTED,
-    "ambiguous": Status.AMBIGUOUS,
-    "denied": Status.DENIED,
-    "not_found": Status.NOT_FOUND,
-}
 
 
 @dataclass
@@ -518,7 +508,7 @@ class InMemoryStorage:
             if child.status == "terminated":
                 return ChildOutcome(Status.CANCELLED, error=child.error or "terminated")
             if child.status in TERMINAL:
-                status = _CHILD_STATUS.get(child.error_code or "", Status.ERROR)
+                status = child_status(child.error_code)
                 return ChildOutcome(status, error=child.error or "")
             return None
 

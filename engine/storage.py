@@ -22,6 +22,7 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 from engine.events import Event
+from engine.status import Status
 
 
 @dataclass(frozen=True, slots=True)
@@ -50,6 +51,23 @@ class ChildOutcome:
     status: int
     result: str = ""
     error: str = ""
+
+
+# How a failed child's error code is reported to the parent awaiting it (as a status).
+_CHILD_STATUS_BY_CODE = {
+    "permanent": Status.PERMANENT,
+    "cancelled": Status.CANCELLED,
+    "timeout": Status.TIMEOUT,
+    "retries_exhausted": Status.RETRIES_EXHAUSTED,
+    "ambiguous": Status.AMBIGUOUS,
+    "denied": Status.DENIED,
+    "not_found": Status.NOT_FOUND,
+}
+
+
+def child_status(error_code: str | None) -> Status:
+    """The status ``await_child`` reports for a child that failed with ``error_code``."""
+    return _CHILD_STATUS_BY_CODE.get(error_code or "", Status.ERROR)
 
 
 @dataclass(frozen=True, slots=True)

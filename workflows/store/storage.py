@@ -44,6 +44,7 @@ from engine.storage import (
     StartChild,
     StartDetached,
     UpdateRequest,
+    child_status,
 )
 from workflows.models import (
     TERMINAL_STATUSES,
@@ -65,17 +66,6 @@ from workflows.models import (
 )
 from workflows.store import wake
 from workflows.tenancy import tenant_context
-
-# How a failed child's error code is reported to the parent awaiting it.
-CHILD_STATUS = {
-    "permanent": Status.PERMANENT,
-    "cancelled": Status.CANCELLED,
-    "timeout": Status.TIMEOUT,
-    "retries_exhausted": Status.RETRIES_EXHAUSTED,
-    "ambiguous": Status.AMBIGUOUS,
-    "denied": Status.DENIED,
-    "not_found": Status.NOT_FOUND,
-}
 
 
 def lock_fenced(ref: RunRef) -> int:
@@ -506,9 +496,7 @@ def child_outcome(tenant: uuid.UUID, run_id: str) -> ChildOutcome | None:
     if child.status == RunStatus.TERMINATED:
         return ChildOutcome(Status.CANCELLED, error=child.error or "terminated")
     if child.status in TERMINAL_STATUSES:
-        return ChildOutcome(
-            CHILD_STATUS.get(child.error_code or "", Status.ERROR), error=child.error or ""
-        )
+        return ChildOutcome(child_status(child.error_code), error=child.error or "")
     return None
 
 
