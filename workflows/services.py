@@ -36,7 +36,7 @@ from workflows.models import (
     name_validator,
 )
 from workflows.store import wake
-from workflows.store.lifecycle import terminate_instance
+from workflows.store.lifecycle import close_instance, terminate_instance
 from workflows.tenancy import tenant_context
 
 MAX_PAYLOAD_BYTES = 1024 * 1024
@@ -462,21 +462,9 @@ def force_complete(
         if instance.status == Status.DONE:
             raise Conflict(f"run {run_id} is already done", "run_id")
         _audit(tenant, instance, "force_complete", operator, reason)
-        now = timezone.now()
-        WorkflowInstance.objects.filter(id=instance.id).update(
-            status=Status.DONE,
-            result=text,
-            error=None,
-            error_code=None,
-            assigned_to=None,
-            generation=F("generation") + 1,
-            completed_at=now,
-            next_wake_at=None,
-            waiting_on=None,
+        close_instance(
+            instance, Status.DONE, timezone.now(), result=text, error=None, error_code=None
         )
-        instance.refresh_from_db()
-        if instance.parent_id:
-            wake.after_commit(tenant.id, instance.parent_id)
     return instance
 
 
@@ -499,20 +487,7 @@ def force_fail(
         if instance.is_terminal:
             raise Conflict(f"run {run_id} is already {instance.status}", "run_id")
         _audit(tenant, instance, "force_fail", operator, reason, {"code": code})
-        now = timezone.now()
-        WorkflowInstance.objects.filter(id=instance.id).update(
-            status=Status.FAILED,
-            error=message,
-            error_code=code,
-            assigned_to=None,
-            generation=F("generation") + 1,
-            completed_at=now,
-            next_wake_at=None,
-            waiting_on=None,
-        )
-        instance.refresh_from_db()
-        if instance.parent_id:
-            wake.after_commit(tenant.id, instance.parent_id)
+        close_instance(instance, Status.FAILED, timezone.now(), error=message, error_code=code)
     return instance
 
 

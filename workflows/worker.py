@@ -123,6 +123,10 @@ class Worker:
                     free = opts.concurrency - len(self._inflight)
                     if opts.max_segments is not None:
                         free = min(free, opts.max_segments - self.processed - len(self._inflight))
+                    # Burst ends only when a claim found nothing due with nothing in flight:
+                    # an empty claim for lack of capacity, or while running segments could
+                    # still make runs due, is no reason to stop.
+                    idle = not self._inflight
                     claims = claim_ready_instances(
                         opts.worker_id, opts.task_queues, free, now, opts.tenant
                     )
@@ -135,7 +139,7 @@ class Worker:
                     self._deliver_invocations(now)
                     if opts.max_segments is not None and self.processed >= opts.max_segments:
                         break
-                    if opts.burst and not claims and not self._inflight:
+                    if opts.burst and idle and not claims and not self._inflight:
                         break
                     if not claims:
                         self._idle(now)

@@ -13,11 +13,13 @@ from __future__ import annotations
 import json
 import sys
 import time
+import uuid
 from collections import Counter
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from django.db import connection
 
 from engine.determinism import idempotency_key
 from engine.events import CallEvent, EncodedEvent, decode, verify
@@ -25,7 +27,13 @@ from tests.fixtures.wat import Wat
 from tests.integration.support.ledger import Ledger
 from tests.integration.support.processes import WorkerProcess, command_env, wait_until
 from workflows import services
-from workflows.models import Status, Tenant, WorkflowEvent, WorkflowInstance
+from workflows.models import (
+    Status,
+    Tenant,
+    WorkflowDefinition,
+    WorkflowEvent,
+    WorkflowInstance,
+)
 from workflows.tenancy import tenant_context
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.postgres_only]
@@ -57,13 +65,46 @@ def deployed(tenant: Tenant) -> Tenant:
     return tenant
 
 
+@pytest.fixture(autouse=True)
+def _on_postgresql() -> None:
+    if connection.vendor != "postgresql":
+        pytest.fail(
+            "these tests race real worker processes on PostgreSQL: run them with "
+            "CLEAT_TEST_DB=postgres, or deselect them with -m 'not postgres_only'"
+        )
+
+
 def start_runs(tenant: Tenant, count: int) -> dict[str, int]:
-    """Start ``count`` transfers; run id -> the ``n`` in its input."""
+    """Start ``count`` transfers through the service; run id -> the ``n`` in its input."""
     runs = {}
     for n in range(count):
         instance, _ = services.start_workflow(tenant, "transfer", json.dumps({"n": n}))
         runs[str(instance.id)] = n
     return runs
+
+
+def create_runs(tenant: Tenant, count: int) -> dict[str, int]:
+    """Like :func:`start_runs`, in one INSERT: the rows ``start_workflow`` makes (due now),
+    without a thousand round trips before the race even starts."""
+    with tenant_context(tenant.id):
+        definition = WorkflowDefinition.objects.get(tenant_id=tenant.id, name="transfer")
+        rows = []
+        for n in range(count):
+            run_id = uuid.uuid4()
+            rows.append(
+                WorkflowInstance(
+                    id=run_id,
+                    tenant=tenant,
+                    workflow_id=str(run_id),
+                    definition=definition,
+                    definition_name=definition.name,
+                    definition_version=definition.version,
+                    entry_point="run",
+                    input=json.dumps({"n": n}, separators=(",", ":")),
+                )
+            )
+        WorkflowInstance.objects.bulk_create(rows)
+    return {str(row.id): n for n, row in enumerate(rows)}
 
 
 def worker(tmp_path: Path, name: str, ledger: Ledger, *args: str) -> WorkerProcess:
@@ -127,14 +168,14 @@ def test_two_worker_processes_race_over_a_thousand_runs(
 ) -> None:
     """Two ``runworker --burst`` processes (4 threads each) claim from the same table with
     SKIP LOCKED: every run is executed by exactly one of them, once, and both do work."""
-    runs = start_runs(deployed, 1000)
+    runs = create_runs(deployed, 1000)
     started = time.monotonic()
     with (
         worker(tmp_path, "race-a", ledger, "--concurrency", "4", "--burst") as a,
         worker(tmp_path, "race-b", ledger, "--concurrency", "4", "--burst") as b,
     ):
-        assert a.wait(timeout=150) == 0, a.log()
-        assert b.wait(timeout=150) == 0, b.log()
+        assert a.wait(timeout=240) == 0, a.log()
+        assert b.wait(timeout=240) == 0, b.log()
     elapsed = time.monotonic() - started
     print(f"\n1000 runs, 2 worker processes x 4 threads: {elapsed:.1f}s", file=sys.stderr)
 

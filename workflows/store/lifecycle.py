@@ -373,23 +373,32 @@ def _fail_pending_updates(instance: WorkflowInstance, now: datetime) -> None:
     )
 
 
-def terminate_instance(instance: WorkflowInstance, reason: str, now: datetime) -> None:
-    """Terminate now, whoever holds it: the generation bump fences out its worker."""
+def close_instance(
+    instance: WorkflowInstance, status: str, now: datetime, **fields: object
+) -> None:
+    """Close a run from outside its segment (terminate, force-complete, force-fail), whoever
+    holds it: the generation bump fences out its worker. Applies its children's close policy,
+    fails its pending updates and wakes its parent, as a finalize does."""
     WorkflowInstance.objects.filter(id=instance.id).update(
-        status=Status.TERMINATED,
-        error=reason,
-        error_code=ErrorCode.TERMINATED.value,
+        status=status,
         generation=F("generation") + 1,
         assigned_to=None,
         completed_at=now,
         next_wake_at=None,
         waiting_on=None,
+        **fields,
     )
     instance.refresh_from_db()
     _close_children(instance, now)
     _fail_pending_updates(instance, now)
     if instance.parent_id:
         wake.after_commit(instance.tenant_id, instance.parent_id)
+
+
+def terminate_instance(instance: WorkflowInstance, reason: str, now: datetime) -> None:
+    close_instance(
+        instance, Status.TERMINATED, now, error=reason, error_code=ErrorCode.TERMINATED.value
+    )
 
 
 def release(ref: RunRef, now: datetime | None = None) -> bool:

@@ -1,0 +1,97 @@
+"""API keys: issue (the plaintext is returned once), revoke, and resolve a presented key to
+its tenant and role.
+
+Only the SHA-256 of a key is stored. Resolving happens before the request's tenant is known:
+on PostgreSQL ``workflows_apikey`` is row-level secured, so the lookup goes through the
+``cleat.resolve_api_key`` definer function (``migrations/0001_resolve_api_key.py``); the other
+backends have no RLS and read the row directly, by its unique hash.
+"""
+
+from __future__ import annotations
+
+import uuid
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+
+from django.db import connection
+from django.utils import timezone
+
+from workflows.models import ApiKey, Role, Tenant, hash_api_key
+from workflows.services import InvalidInput, NotFound
+from workflows.tenancy import tenant_context
+
+# last_used_at is a hint for operators, not an audit trail: writing it on every request would
+# turn every read into a write (and on SQLite take the database's one write lock).
+LAST_USED_PRECISION = timedelta(minutes=1)
+KEY_PREFIX = "clt_"
+
+
+@dataclass(frozen=True)
+class ResolvedKey:
+    id: int
+    tenant_id: uuid.UUID
+    name: str
+    role: str
+    revoked_at: datetime | None
+    last_used_at: datetime | None
+
+    @property
+    def is_active(self) -> bool:
+        return self.revoked_at is None
+
+
+def issue_api_key(tenant: Tenant, name: str, role: str = Role.OPERATOR) -> tuple[ApiKey, str]:
+    """Create a key for ``tenant``; returns it with its plaintext (shown this once)."""
+    name = name.strip()
+    if not name or len(name) > 128:
+        raise InvalidInput("the key's name must be 1-128 characters", "name")
+    if role not in Role.values:
+        raise InvalidInput(f"role must be one of {', '.join(Role.values)}, not {role!r}", "role")
+    with tenant_context(tenant.id):
+        return ApiKey.issue(tenant, name, role)
+
+
+def revoke_api_key(tenant: Tenant, key_id: int) -> ApiKey:
+    """Revoke a key of ``tenant``: it authenticates nothing from now on."""
+    with tenant_context(tenant.id):
+        key = ApiKey.objects.filter(tenant_id=tenant.id, id=key_id).first()
+        if key is None:
+            raise NotFound(f"no API key {key_id}", "key")
+        if key.revoked_at is None:
+            key.revoked_at = timezone.now()
+            key.save(update_fields=["revoked_at"])
+    return key
+
+
+def resolve_api_key(plaintext: str) -> ResolvedKey | None:
+    """The key whose hash matches ``plaintext`` (revoked or not), or None."""
+    if not plaintext.startswith(KEY_PREFIX) or len(plaintext) > 256:
+        return None
+    digest = hash_api_key(plaintext)
+    if connection.vendor == "postgresql":
+        with connection.cursor() as cursor:
+            cursor.execute(
+                "SELECT id, tenant_id, name, role, revoked_at, last_used_at "
+                "FROM cleat.resolve_api_key(%s)",
+                [digest],
+            )
+            row = cursor.fetchone()
+    else:
+        row = (
+            ApiKey.objects.filter(key_hash=digest)
+            .values_list("id", "tenant_id", "name", "role", "revoked_at", "last_used_at")
+            .first()
+        )
+    if row is None:
+        return None
+    key_id, tenant_id, name, role, revoked_at, last_used_at = row
+    tenant = tenant_id if isinstance(tenant_id, uuid.UUID) else uuid.UUID(str(tenant_id))
+    return ResolvedKey(key_id, tenant, name, role, revoked_at, last_used_at)
+
+
+def record_use(key: ResolvedKey, now: datetime) -> None:
+    """Note that ``key`` was used (at most once per ``LAST_USED_PRECISION``)."""
+    if key.last_used_at is not None and now - key.last_used_at < LAST_USED_PRECISION:
+        return
+    with tenant_context(key.tenant_id):
+        ApiKey.objects.filter(tenant_id=key.tenant_id, id=key.id).update(last_used_at=now)
