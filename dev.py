@@ -92,8 +92,24 @@ def ensure_mysql_client_headers() -> None:
     run(["apt-get", "install", "-y", "-qq", "libmariadb-dev", "pkg-config"], env=env)
 
 
+def ensure_chromium() -> None:
+    """The browser tests (tests/browser) drive Debian's chromium through chromedriver."""
+    if shutil.which("chromium") and shutil.which("chromedriver"):
+        return
+    if shutil.which("apt-get") is None or os.geteuid() != 0:
+        sys.exit(
+            "the browser tests need Chromium and its driver: install chromium and "
+            "chromium-driver (Debian/Ubuntu), then run this again"
+        )
+    say("installing chromium and chromium-driver (for the browser tests)")
+    env = {"DEBIAN_FRONTEND": "noninteractive"}
+    run(["apt-get", "update", "-qq"], env=env)
+    run(["apt-get", "install", "-y", "-qq", "chromium", "chromium-driver"], env=env)
+
+
 def cmd_test(args: argparse.Namespace) -> None:
     ensure_mysql_client_headers()
+    ensure_chromium()
     ensure_venv(["requirements-dev.txt", "requirements-mysql.txt"])
     failures: list[str] = []
 

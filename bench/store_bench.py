@@ -493,7 +493,7 @@ def _statement_kind(sql: str) -> str:
     return f"{verb} {table.group(1) if table else ''}".strip()
 
 
-def profile(cleat: Cleat, workflows: int, steps: int) -> None:
+def profile(cleat: Cleat, workflows: int, steps: int, with_cprofile: bool) -> None:
     """Execute segments in this process, one after another, recording every SQL statement
     (kind, count, time) and a cProfile of the whole."""
     from django.db import connection, connections
@@ -546,7 +546,8 @@ def profile(cleat: Cleat, workflows: int, steps: int) -> None:
         wrapper_db.commit = timed_commit  # type: ignore[method-assign]
         try:
             started = time.perf_counter()
-            profiler.enable()
+            if with_cprofile:
+                profiler.enable()
             done = sum(run_one() for _ in range(workflows))
             profiler.disable()
             elapsed = time.perf_counter() - started
@@ -574,6 +575,10 @@ def profile(cleat: Cleat, workflows: int, steps: int) -> None:
         f"(+1 BEGIN per transaction, sent by psycopg); SQL wall time "
         f"{sql_time / total_steps * 1e3:.3f} ms/step of {elapsed / total_steps * 1e3:.3f}"
     )
+    if not with_cprofile:
+        set_services(None)
+        connections.close_all()
+        return
     buf = io.StringIO()
     ps = pstats.Stats(profiler, stream=buf).sort_stats("cumulative")
     ps.print_stats(
@@ -721,6 +726,9 @@ def main(argv: Sequence[str] | None = None) -> None:
         help="run only these parts (repeatable); default all but profile",
     )
     parser.add_argument("--profile-workflows", type=int, default=200)
+    parser.add_argument(
+        "--cprofile", action="store_true", help="profile: add a cProfile listing (slower)"
+    )
     parser.add_argument("--keep", action="store_true", help="keep the databases")
     args = parser.parse_args(argv)
     parts = set(args.only or ["throughput", "latency", "dbos", "pgbench"])
@@ -754,7 +762,7 @@ def main(argv: Sequence[str] | None = None) -> None:
         if needs_cleat:
             cleat.prepare()
         if "profile" in parts:
-            profile(cleat, args.profile_workflows, args.steps)
+            profile(cleat, args.profile_workflows, args.steps, args.cprofile)
         if "throughput" in parts:
             for n in processes:
                 t = cleat_throughput(cleat, args.workflows, args.steps, n, args.concurrency)

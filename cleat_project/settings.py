@@ -40,7 +40,9 @@ INSTALLED_APPS = [
     "django.contrib.messages",
     "django.contrib.staticfiles",
     "rest_framework",
+    "drf_spectacular",
     "workflows",
+    "workflows.api",
     "schedules",
 ]
 
@@ -118,6 +120,44 @@ LOGGING = {
     },
 }
 
+# --- REST API (workflows/api, docs/api.md) -----------------------------------------------
+REST_FRAMEWORK = {
+    "DEFAULT_AUTHENTICATION_CLASSES": [
+        "workflows.api.authentication.ApiKeyAuthentication",
+        "workflows.api.authentication.StaffSessionAuthentication",
+    ],
+    "DEFAULT_PERMISSION_CLASSES": ["workflows.api.permissions.HasRole"],
+    "DEFAULT_THROTTLE_CLASSES": ["workflows.api.throttling.ApiKeyRateThrottle"],
+    # Per API key; empty disables throttling.
+    "DEFAULT_THROTTLE_RATES": {"api_key": env.str("CLEAT_API_RATE", default="1200/min") or None},
+    "DEFAULT_PARSER_CLASSES": ["workflows.api.parsers.LimitedJSONParser"],
+    "DEFAULT_RENDERER_CLASSES": [
+        "rest_framework.renderers.JSONRenderer",
+        "rest_framework.renderers.BrowsableAPIRenderer",
+    ],
+    "EXCEPTION_HANDLER": "workflows.api.errors.exception_handler",
+    "DEFAULT_SCHEMA_CLASS": "workflows.api.schema.CleatAutoSchema",
+    "UNAUTHENTICATED_USER": None,
+}
+SPECTACULAR_SETTINGS = {
+    "TITLE": "cleat API",
+    "DESCRIPTION": "Durable WebAssembly workflows: definitions, runs, promises. See docs/api.md.",
+    "VERSION": "1",
+    "SERVE_INCLUDE_SCHEMA": False,
+    "COMPONENT_SPLIT_REQUEST": True,
+    "ENUM_NAME_OVERRIDES": {
+        "RunStatusEnum": "workflows.models.Status",
+        "PromiseStatusEnum": "workflows.models.Promise.State",
+        "UpdateStatusEnum": "workflows.models.UpdateRequest.State",
+        "ErrorCodeEnum": "workflows.models.ERROR_CODE_CHOICES",
+    },
+}
+# JSON request bodies and uploaded modules larger than these are refused with 413.
+CLEAT_API_MAX_BODY_BYTES = env.int("CLEAT_API_MAX_BODY_BYTES", default=2 * 1024 * 1024)
+CLEAT_API_MAX_MODULE_BYTES = env.int("CLEAT_API_MAX_MODULE_BYTES", default=64 * 1024 * 1024)
+# Extra sensitive field-name substrings (one per line) redacted from API responses.
+CLEAT_REDACT_PATTERNS_FILE = env.str("CLEAT_REDACT_PATTERNS_FILE", default="")
+
 # --- cleat -------------------------------------------------------------------------------
 # Limits of one execution segment (ABI.md section 5). Defaults are the ABI's.
 CLEAT_MEMORY_LIMIT_BYTES = env.int("CLEAT_MEMORY_LIMIT_BYTES", default=32 * 1024 * 1024)
@@ -149,3 +189,9 @@ CLEAT_WAIT_RECHECK_SECONDS = env.float("CLEAT_WAIT_RECHECK_SECONDS", default=300
 # PostgreSQL: the role the application connects as (created by the migrations).
 CLEAT_APP_ROLE = env.str("CLEAT_APP_ROLE", default="cleat_app")
 CLEAT_APP_ROLE_PASSWORD = env.str("CLEAT_APP_ROLE_PASSWORD", default="")
+# Schedules: the worker loop runs the scheduler tick (off: run `manage.py runscheduler`), and
+# an instant handled later than this is a misfire (its schedule's misfire policy applies).
+CLEAT_SCHEDULER_IN_WORKER = env.bool("CLEAT_SCHEDULER_IN_WORKER", default=True)
+CLEAT_SCHEDULE_MISFIRE_GRACE_SECONDS = env.float(
+    "CLEAT_SCHEDULE_MISFIRE_GRACE_SECONDS", default=60.0
+)

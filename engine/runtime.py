@@ -13,6 +13,7 @@ from wasmtime leaks to callers.
 from __future__ import annotations
 
 import ctypes
+import functools
 import hashlib
 import importlib.metadata
 import logging
@@ -25,7 +26,7 @@ from collections import OrderedDict
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import wasmtime
 import wasmtime._func as wasmtime_func
@@ -74,6 +75,9 @@ from engine.session import (
 )
 from engine.status import Status
 from engine.storage import WorkflowStorage
+
+if TYPE_CHECKING:
+    from engine.component import ComponentBackend
 
 log = logging.getLogger("cleat.engine")
 
@@ -204,14 +208,15 @@ class CoreInstance:
         # Made once, used by every host call (see _memory_view and _call_alloc).
         self._memory_ref = ctypes.byref(memory._memory)
         self._alloc_ref = ctypes.byref(alloc._func)
-        self._alloc_params = (wasmtime_ffi.wasmtime_val_t * 1)(
-            wasmtime_ffi.wasmtime_val_t(kind=wasmtime_ffi.WASMTIME_I32.value)
-        )
+        self._alloc_params = (wasmtime_ffi.wasmtime_val_t * 1)()
         self._alloc_results = (wasmtime_ffi.wasmtime_val_t * 1)()
-        # The i32 inside each wasmtime_val_t, as objects sharing its memory.
-        of = wasmtime_ffi.wasmtime_val_t.of.offset
-        self._alloc_size = ctypes.c_int32.from_buffer(self._alloc_params, of)
-        self._alloc_ptr = ctypes.c_int32.from_buffer(self._alloc_results, of)
+        # The fields of each wasmtime_val_t that are used, as objects sharing its memory
+        # (building a wasmtime_val_t from keywords costs ten times as much).
+        val = wasmtime_ffi.wasmtime_val_t
+        kind = ctypes.c_uint8.from_buffer(self._alloc_params)  # the struct's first field
+        kind.value = wasmtime_ffi.WASMTIME_I32.value
+        self._alloc_size = ctypes.c_int32.from_buffer(self._alloc_params, val.of.offset)
+        self._alloc_ptr = ctypes.c_int32.from_buffer(self._alloc_results, val.of.offset)
         self._view_at = (-1, -1)
         self._view: Any = None
         self._view_bytes: memoryview = memoryview(b"")
@@ -542,10 +547,9 @@ class ModuleCache:
 
     def _load(self, wasm: bytes, sha: str) -> LoadedModule:
         runtime = self._runtime
-        kind = detect_kind(wasm)
-        if kind != "core":
-            raise InvalidModule("this is a component; it needs the component backend")
         path = self._path(sha)
+        if detect_kind(wasm) == "component":
+            return runtime.components.load(wasm, sha, self, path)
         module: wasmtime.Module | None = None
         if path is not None and path.exists():
             try:
@@ -603,6 +607,13 @@ class WasmRuntime:
 
     def close(self) -> None:
         self._ticker.stop()
+
+    @functools.cached_property
+    def components(self) -> ComponentBackend:
+        """The backend of kind "component" (Python workflows), made on first use."""
+        from engine.component import ComponentBackend
+
+        return ComponentBackend(self)
 
     # --- loading ---
 
@@ -722,6 +733,8 @@ class WasmRuntime:
         Returns the segment's result; raises :class:`FenceLost` when another worker owns the
         run now (nothing of this segment may be written then).
         """
+        if module.info.kind == "component":
+            return self.components.run_segment(module, run, history, storage, services, clock)
         started = time.monotonic()
         try:
             session = ExecutionSession(run, history, storage, services, self.config, clock)

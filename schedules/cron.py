@@ -77,7 +77,10 @@ class Timing(Protocol):
 @functools.lru_cache(maxsize=512)
 def load_zone(name: str) -> zoneinfo.ZoneInfo:
     """The zone ``name`` from the shipped ``tzdata`` package (CronError naming ``timezone``)."""
-    problem = timezone_error(name)
+    try:
+        problem = timezone_error(name)
+    except OSError:  # a directory of the database such as "Europe"
+        problem = f"unknown time zone {name!r} (use an IANA name such as Europe/London)"
     if problem:
         raise CronError("timezone", problem)
     try:

@@ -68,9 +68,7 @@ def definition_wasm(tenant: Tenant, name: str, version: int) -> tuple[WorkflowDe
     with tenant_context(tenant.id):
         definition = get_definition(tenant, name, version)
         wasm = (
-            WorkflowDefinition.objects.filter(id=definition.id)
-            .values_list("wasm", flat=True)
-            .get()
+            WorkflowDefinition.objects.filter(id=definition.id).values_list("wasm", flat=True).get()
         )
     return definition, bytes(wasm)
 
@@ -171,9 +169,7 @@ def list_tags(tenant: Tenant, name: str) -> list[VersionTag]:
         return list(VersionTag.objects.filter(tenant_id=tenant.id, name=name).order_by("tag"))
 
 
-def set_tag(
-    tenant: Tenant, name: str, tag: str, version: int, operator: str = "api"
-) -> VersionTag:
+def set_tag(tenant: Tenant, name: str, tag: str, version: int, operator: str = "api") -> VersionTag:
     """Point ``tag`` at ``version`` (creating or moving it)."""
     _check_name(tag, "tag")
     if len(tag) > 64:
@@ -409,4 +405,3 @@ def check_stale_versions(
                 )
             )
     return alerts
-

@@ -10,12 +10,27 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import datetime
 
-from engine.errors import FenceLost
+from engine.errors import ErrorCode, FenceLost, InvalidModule
 from engine.runtime import WasmRuntime
 from engine.services import Services
-from engine.session import Completed, ContinuedAsNew, Failed, RunInfo, Suspended
+from engine.session import (
+    Completed,
+    ContinuedAsNew,
+    Failed,
+    RunInfo,
+    SegmentResult,
+    Suspended,
+    failed,
+)
 from workflows.conf import cleat_settings
-from workflows.store.lifecycle import Claim, finalize_segment, load_run, load_wasm, release
+from workflows.store.lifecycle import (
+    Claim,
+    LoadedRun,
+    finalize_segment,
+    load_run,
+    load_wasm,
+    release,
+)
 from workflows.store.storage import DjangoStorage
 
 log = logging.getLogger("cleat.worker")
@@ -73,7 +88,13 @@ def execute_claim(
     runtime = get_runtime()
     module = runtime.modules.peek(loaded.sha256)
     if module is None:
-        module = runtime.load(load_wasm(claim.tenant_id, loaded.definition_id), loaded.sha256)
+        try:
+            module = runtime.load(load_wasm(claim.tenant_id, loaded.definition_id), loaded.sha256)
+        except InvalidModule as exc:
+            # Stored bytes that do not load (a corrupted row) fail this run with a clear code,
+            # instead of crashing the segment and leaving the run `running` until its lease
+            # expires -- and then again after every reap.
+            return _fail_unloadable(loaded, exc, clock, started)
     instance = loaded.instance
     run = RunInfo(
         ref=loaded.ref,
@@ -123,6 +144,25 @@ def execute_claim(
         result.replayed_steps,
         _ms(started),
         detail,
+    )
+
+
+def _fail_unloadable(
+    loaded: LoadedRun,
+    exc: InvalidModule,
+    clock: Callable[[], datetime] | None,
+    started: float,
+) -> SegmentReport:
+    outcome = failed(ErrorCode.INVALID_MODULE, f"the stored module cannot be loaded: {exc}")
+    result = SegmentResult(outcome, (), (), dict(loaded.instance.query_state or {}), 0, 0)
+    try:
+        finalized = finalize_segment(loaded.ref, result, clock() if clock else None)
+    except FenceLost as lost:
+        log.info("event=fence_lost run=%s detail=%s", loaded.claim.id, lost)
+        return SegmentReport(str(loaded.claim.id), "fence_lost", "", 0, 0, _ms(started), str(lost))
+    detail = f"{outcome.code.value}: {outcome.message[:200]}"
+    return SegmentReport(
+        str(loaded.claim.id), "failed", finalized.status, 0, 0, _ms(started), detail
     )
 
 

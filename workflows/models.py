@@ -14,6 +14,7 @@ import secrets
 import uuid
 from typing import Any
 
+from django.conf import settings
 from django.core.validators import MinValueValidator, RegexValidator
 from django.db import models
 from django.utils import timezone
@@ -468,3 +469,32 @@ def _continued_as(instance: WorkflowInstance) -> str | None:
     except WorkflowInstance.DoesNotExist:
         return None
     return str(successor.id)
+
+
+class StaffTenant(models.Model):
+    """Binds a staff user of the operator console to one tenant: the console then shows that
+    tenant only (row-level security on PostgreSQL) and no switcher. Superusers need no row:
+    they may switch tenant. A staff user who is neither is refused by the console.
+
+    Not tenant-scoped: the console reads it to decide the tenant context, before one exists.
+    """
+
+    user = models.OneToOneField(
+        settings.AUTH_USER_MODEL,
+        on_delete=models.CASCADE,
+        primary_key=True,
+        related_name="cleat_staff_tenant",
+        help_text="A staff user (not a superuser: superusers may see every tenant).",
+    )
+    tenant = models.ForeignKey(
+        Tenant,
+        on_delete=models.CASCADE,
+        related_name="staff",
+        help_text="The only tenant this user sees in the console.",
+    )
+
+    class Meta:
+        verbose_name = "staff tenant binding"
+
+    def __str__(self) -> str:
+        return f"{self.user} → {self.tenant}"

@@ -72,6 +72,14 @@ class Worker:
         self.processed = 0
         self._listener: _PgListener | None = None
         self._next_invocation_check = 0.0
+        # Cron schedules tick from this loop (CLEAT_SCHEDULER_IN_WORKER; see schedules/).
+        from schedules.scheduler import ScheduleTicker, scheduler_in_worker
+
+        self._schedules = (
+            ScheduleTicker(options.tenant, options.poll_interval_s)
+            if scheduler_in_worker()
+            else None
+        )
 
     def stop(self, *_: Any) -> None:
         if not self._stop.is_set():
@@ -109,6 +117,8 @@ class Worker:
             while not self._stop.is_set():
                 try:
                     close_old_connections()
+                    if self._schedules is not None:  # before `now`: the claim takes what fired
+                        self._schedules.run_due(timezone.now())
                     now = timezone.now()
                     tick = time.monotonic()
                     if self._inflight and tick - last_beat >= opts.lease_s / 3:
@@ -220,6 +230,8 @@ class Worker:
                 timeout = max(0.0, min(timeout, (due - now).total_seconds()))
         if self.options.burst:
             timeout = min(timeout, 0.05)
+        if self._schedules is not None:  # wake for the next schedule instant too
+            timeout = min(timeout, self._schedules.seconds_until_due(now))
         if self._inflight:
             done, _ = wait(list(self._inflight), timeout=timeout, return_when=FIRST_COMPLETED)
             if done:

@@ -253,19 +253,20 @@ def test_a_tenant_sees_none_of_anothers_rows_in_any_table(tenant: Tenant, other_
             assert {s.tenant_id for s in Signal.objects.all()} == {me.id}
 
 
-@pytest.mark.parametrize("table", TABLES)
-def test_a_query_without_a_tenant_raises(tenant: Tenant, table: str) -> None:
-    """Fail-closed: outside a tenant context the policy raises (it does not return every
-    tenant's rows, nor silently none), for reads and writes alike."""
-    assert table in seed(tenant)
-    with pytest.raises(ProgrammingError, match=NOT_SET):
-        count(table)
-    with pytest.raises(ProgrammingError, match=NOT_SET), connection.cursor() as cursor:
-        cursor.execute(f"UPDATE {table} SET tenant_id = tenant_id")
-    with pytest.raises(ProgrammingError, match=NOT_SET), connection.cursor() as cursor:
-        cursor.execute(f"DELETE FROM {table}")
-    with tenant_context(tenant.id):
-        assert count(table) == 1
+def test_a_query_without_a_tenant_raises(tenant: Tenant, subtests: pytest.Subtests) -> None:
+    """Fail-closed, on every table: outside a tenant context the policy raises (it does not
+    return every tenant's rows, nor silently none), for reads and writes alike."""
+    assert seed(tenant) == set(TABLES)
+    for table in TABLES:
+        with subtests.test(table):
+            with pytest.raises(ProgrammingError, match=NOT_SET):
+                count(table)
+            with pytest.raises(ProgrammingError, match=NOT_SET), connection.cursor() as cursor:
+                cursor.execute(f"UPDATE {table} SET tenant_id = tenant_id")
+            with pytest.raises(ProgrammingError, match=NOT_SET), connection.cursor() as cursor:
+                cursor.execute(f"DELETE FROM {table}")
+            with tenant_context(tenant.id):
+                assert count(table) == 1
 
 
 def test_the_tenant_setting_does_not_outlive_its_context(tenant: Tenant, other_tenant: Tenant):
@@ -293,31 +294,32 @@ def test_the_tenant_setting_does_not_outlive_its_context(tenant: Tenant, other_t
             WorkflowInstance.objects.count()
 
 
-@pytest.mark.parametrize("table", TABLES)
-def test_writing_another_tenants_id_is_refused(tenant: Tenant, other_tenant: Tenant, table: str):
-    """WITH CHECK: in A's context a row cannot be moved to B; B's rows can be neither
-    updated nor deleted (they are invisible, zero rows affected)."""
+def test_writing_another_tenants_id_is_refused(
+    tenant: Tenant, other_tenant: Tenant, subtests: pytest.Subtests
+) -> None:
+    """WITH CHECK, on every table: in A's context a row cannot be moved to B; B's rows can
+    be neither updated nor deleted (they are invisible: zero rows affected)."""
     seed(tenant)
     seed(other_tenant)
-    with tenant_context(tenant.id):
-        with (
-            pytest.raises(ProgrammingError, match="violates row-level security policy"),
-            transaction.atomic(),
-            connection.cursor() as cursor,
-        ):
-            cursor.execute(f"UPDATE {table} SET tenant_id = %s", [other_tenant.id])
-        with connection.cursor() as cursor:
-            cursor.execute(f"DELETE FROM {table} WHERE tenant_id = %s", [other_tenant.id])
-            assert cursor.rowcount == 0
-            cursor.execute(
-                f"UPDATE {table} SET tenant_id = tenant_id WHERE tenant_id = %s",
-                [other_tenant.id],
-            )
-            assert cursor.rowcount == 0
-    with tenant_context(other_tenant.id):
-        assert count(table) == 1
-    with tenant_context(tenant.id):
-        assert count(table) == 1
+    for table in TABLES:
+        with subtests.test(table), tenant_context(tenant.id):
+            with (
+                pytest.raises(ProgrammingError, match="violates row-level security policy"),
+                transaction.atomic(),
+                connection.cursor() as cursor,
+            ):
+                cursor.execute(f"UPDATE {table} SET tenant_id = %s", [other_tenant.id])
+            with connection.cursor() as cursor:
+                cursor.execute(f"DELETE FROM {table} WHERE tenant_id = %s", [other_tenant.id])
+                assert cursor.rowcount == 0
+                cursor.execute(
+                    f"UPDATE {table} SET tenant_id = tenant_id WHERE tenant_id = %s",
+                    [other_tenant.id],
+                )
+                assert cursor.rowcount == 0
+    for me in (tenant, other_tenant):
+        with tenant_context(me.id):
+            assert {table: count(table, me) for table in TABLES} == dict.fromkeys(TABLES, 1)
 
 
 def test_inserting_a_row_for_another_tenant_is_refused(tenant: Tenant, other_tenant: Tenant):
@@ -482,26 +484,39 @@ def test_the_claim_crosses_tenants_and_nothing_else_does(tenant: Tenant, other_t
 
 
 def test_the_definer_role_is_narrow_and_out_of_the_app_roles_reach() -> None:
-    """The functions belong to the dispatcher role, only the application role may run
-    them (not PUBLIC), the application role cannot become the dispatcher, and the
-    dispatcher can read no tenant-scoped table but the instances."""
+    """Every function the dispatcher role owns (the claim among them) is a definer function
+    only the application role may run (not PUBLIC); the dispatcher cannot log in, the
+    application role cannot become it, and on tenant-scoped tables it may at most read and
+    update (no insert, delete or truncate)."""
     with connection.cursor() as cursor:
+        cursor.execute(
+            """
+            SELECT p.oid::regprocedure::text, p.prosecdef,
+                   (SELECT count(*) FROM aclexplode(p.proacl) a WHERE a.grantee = 0),
+                   has_function_privilege(current_user, p.oid, 'EXECUTE')
+              FROM pg_proc p WHERE p.proowner = %s::regrole
+            """,
+            [DISPATCHER_ROLE],
+        )
+        owned = {name: rest for name, *rest in cursor.fetchall()}
+        expected = set()
         for function in DEFINER_FUNCTIONS:
-            cursor.execute(
-                """
-                SELECT pg_get_userbyid(p.proowner), p.prosecdef,
-                       (SELECT count(*) FROM aclexplode(p.proacl) a WHERE a.grantee = 0),
-                       has_function_privilege(current_user, p.oid, 'EXECUTE')
-                  FROM pg_proc p WHERE p.oid = %s::regprocedure
-                """,
-                [function],
-            )
-            assert cursor.fetchone() == (DISPATCHER_ROLE, True, 0, True), function
-        cursor.execute("SELECT pg_has_role(current_user, %s, 'MEMBER')", [DISPATCHER_ROLE])
-        assert cursor.fetchone()[0] is False
+            cursor.execute("SELECT %s::regprocedure::text", [function])
+            expected.add(cursor.fetchone()[0])
+        assert expected <= set(owned)
+        assert all(rest == [True, 0, True] for rest in owned.values()), owned
+        cursor.execute(
+            "SELECT rolcanlogin, pg_has_role(current_user, oid, 'MEMBER') FROM pg_roles "
+            "WHERE rolname = %s",
+            [DISPATCHER_ROLE],
+        )
+        assert cursor.fetchone() == (False, False)
         for table in TABLES:
-            cursor.execute("SELECT has_table_privilege(%s, %s, 'SELECT')", [DISPATCHER_ROLE, table])
-            assert cursor.fetchone()[0] is (table == "workflows_workflowinstance"), table
+            cursor.execute(
+                "SELECT has_table_privilege(%s, %s, 'INSERT, DELETE, TRUNCATE')",
+                [DISPATCHER_ROLE, table],
+            )
+            assert cursor.fetchone()[0] is False, table
     with pytest.raises(ProgrammingError, match="permission denied"), connection.cursor() as c:
         c.execute(f"SET ROLE {DISPATCHER_ROLE}")
 

@@ -395,9 +395,8 @@ def test_durable_send_is_delivered_by_the_worker_with_the_steps_key(make_env: An
     mail = FakeService({"send": answers})
     env = make_env({"mail": mail})
     w = Wat()
-    w.run(
-        f"(call $rec (call $durable_send {w.s('mail')} {w.s('send')} {w.js({'to': 'ada'})})) (call $finish)"
-    )
+    send = f"(call $durable_send {w.s('mail')} {w.s('send')} {w.js({'to': 'ada'})})"
+    w.run(f"(call $rec {send}) (call $finish)")
     env.deploy("notify", w.wasm())
     run = env.run("notify")
     assert env.result(run) == [[0, ""]]

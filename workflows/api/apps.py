@@ -1,6 +1,9 @@
 from __future__ import annotations
 
+from typing import Any
+
 from django.apps import AppConfig
+from django.core import checks
 
 
 class ApiConfig(AppConfig):
@@ -10,3 +13,22 @@ class ApiConfig(AppConfig):
     name = "workflows.api"
     label = "cleat_api"
     verbose_name = "REST API"
+
+    def ready(self) -> None:
+        # The OpenAPI extensions register themselves on import.
+        from workflows.api import schema  # noqa: F401
+
+        checks.register(check_redaction_patterns)
+
+
+def check_redaction_patterns(app_configs: Any = None, **kwargs: Any) -> list[checks.CheckMessage]:
+    """A configured ``CLEAT_REDACT_PATTERNS_FILE`` must be readable: fail at start-up, not on
+    the first read of a payload."""
+    from engine.redaction import RedactionError
+    from workflows.api.serializers import redactor
+
+    try:
+        redactor()
+    except RedactionError as exc:
+        return [checks.Error(str(exc), id="cleat_api.E001", obj="CLEAT_REDACT_PATTERNS_FILE")]
+    return []

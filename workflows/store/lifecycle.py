@@ -44,7 +44,7 @@ from workflows.models import (
     WorkflowInstance,
 )
 from workflows.store import wake
-from workflows.store.storage import append_locked, lock_fenced
+from workflows.store.storage import append_locked, lock_fenced_instance
 from workflows.tenancy import tenant_context
 
 log = logging.getLogger("cleat.store")
@@ -142,16 +142,24 @@ def claim_ready_instances(
 def load_run(claim: Claim, worker_id: str) -> LoadedRun | None:
     """Read what the segment needs; None if the claim already moved on."""
     with tenant_context(claim.tenant_id):
-        instance = WorkflowInstance.objects.filter(
-            id=claim.id, generation=claim.generation, assigned_to=worker_id, status=Status.RUNNING
-        ).first()
+        instance = (
+            WorkflowInstance.objects.select_related("definition")
+            .defer("definition__wasm")
+            .filter(
+                id=claim.id,
+                generation=claim.generation,
+                assigned_to=worker_id,
+                status=Status.RUNNING,
+            )
+            .first()
+        )
         if instance is None:
             return None
-        definition = (
-            WorkflowDefinition.objects.filter(id=instance.definition_id)
-            .values("id", "sha256", "max_history_length")
-            .get()
-        )
+        definition = {
+            "id": instance.definition.id,
+            "sha256": instance.definition.sha256,
+            "max_history_length": instance.definition.max_history_length,
+        }
         history = [
             EncodedEvent(step, code, ts, payload, checksum)
             for step, code, ts, payload, checksum in WorkflowEvent.objects.filter(
@@ -189,13 +197,18 @@ def finalize_segment(ref: RunRef, result: SegmentResult, now: datetime | None = 
     now = now or timezone.now()
     tenant = uuid.UUID(ref.tenant_id)
     with tenant_context(tenant):
-        count = lock_fenced(ref)
-        append_locked(ref, count, result.new_events, now)
-        instance = (
-            WorkflowInstance.objects.select_related("definition")
-            .defer("definition__wasm")
-            .get(id=ref.run_id)
+        # The fenced lock and the read of the row in one statement (FenceLost if it moved
+        # on); the row is saved whole below, event_count and heartbeat_at included.
+        instance = lock_fenced_instance(ref)
+        instance.event_count = append_locked(
+            ref, instance.event_count, result.new_events, now, update_count=False
         )
+        instance.heartbeat_at = now
+        if isinstance(result.outcome, (Failed, ContinuedAsNew)):
+            # the retry policy / the successor's definition
+            instance.definition = WorkflowDefinition.objects.defer("wasm").get(
+                id=instance.definition_id
+            )
         if result.consumed_signals:
             Signal.objects.filter(
                 instance_id=instance.id,
@@ -354,6 +367,8 @@ def _close_children(parent: WorkflowInstance, now: datetime) -> None:
     children = WorkflowInstance.objects.filter(parent_id=parent.id).exclude(
         status__in=TERMINAL_STATUSES
     )
+    if not children.exists():
+        return  # the common case: one query instead of three
     for child in children.filter(parent_close_policy="terminate"):
         terminate_instance(child, f"parent {parent.id} closed", now)
     cancel = children.filter(parent_close_policy="request_cancel")

@@ -65,7 +65,7 @@ from workflows.models import (
     UpdateRequest as UpdateRequestRow,
 )
 from workflows.store import wake
-from workflows.tenancy import tenant_context
+from workflows.tenancy import TENANT_SETTING, tenant_context
 
 
 def lock_fenced(ref: RunRef) -> int:
@@ -89,9 +89,37 @@ def lock_fenced(ref: RunRef) -> int:
     return int(row)
 
 
-def append_locked(ref: RunRef, event_count: int, events: Sequence[Event], now: datetime) -> int:
+def lock_fenced_instance(ref: RunRef) -> WorkflowInstance:
+    """:func:`lock_fenced`, returning the locked row itself. Raises FenceLost."""
+    instance = (
+        WorkflowInstance.objects.select_for_update(
+            no_key=connection.features.has_select_for_no_key_update
+        )
+        .filter(
+            id=ref.run_id,
+            tenant_id=ref.tenant_id,
+            assigned_to=ref.worker_id,
+            generation=ref.generation,
+            status=RunStatus.RUNNING,
+        )
+        .first()
+    )
+    if instance is None:
+        raise FenceLost(f"run {ref.run_id} is no longer owned by {ref.worker_id}@{ref.generation}")
+    return instance
+
+
+def append_locked(
+    ref: RunRef,
+    event_count: int,
+    events: Sequence[Event],
+    now: datetime,
+    *,
+    update_count: bool = True,
+) -> int:
     """Append ``events`` after ``event_count`` (skipping steps already stored); the caller
-    holds the fenced lock. Returns the new count."""
+    holds the fenced lock. Returns the new count. ``update_count=False``: the caller writes
+    ``event_count`` and ``heartbeat_at`` itself (the finalize saves the whole row)."""
     rows = []
     expected = event_count
     for event in events:
@@ -119,8 +147,97 @@ def append_locked(ref: RunRef, event_count: int, events: Sequence[Event], now: d
         expected += 1
     if rows:
         WorkflowEvent.objects.bulk_create(rows)
-    WorkflowInstance.objects.filter(id=ref.run_id).update(event_count=expected, heartbeat_at=now)
+    if update_count:
+        WorkflowInstance.objects.filter(id=ref.run_id).update(
+            event_count=expected, heartbeat_at=now
+        )
     return expected
+
+
+# PostgreSQL: the fence and the append of a per-step flush in one statement. The UPDATE
+# matches only the claimed row (owner, generation, running) whose history ends right before
+# the first new step, and takes its row lock; the INSERT selects from its RETURNING, so it
+# inserts nothing unless the fence matched. RLS applies to both (the tenant is set first).
+_FENCED_APPEND_SQL = f"""
+WITH fence AS (
+    UPDATE {WorkflowInstance._meta.db_table}
+       SET event_count = %s, heartbeat_at = %s
+     WHERE id = %s AND tenant_id = %s AND assigned_to = %s AND generation = %s
+       AND status = %s AND event_count = %s
+    RETURNING id, tenant_id
+), appended AS (
+    INSERT INTO {WorkflowEvent._meta.db_table}
+           (tenant_id, instance_id, step, type_code, payload, timestamp_ms, checksum,
+            intent_at, created_at)
+    SELECT fence.tenant_id, fence.id, e.step, e.type_code, e.payload, e.ts, e.checksum,
+           e.intent_at, %s
+      FROM fence,
+           unnest(%s::integer[], %s::smallint[], %s::text[], %s::bigint[], %s::varchar[],
+                  %s::timestamptz[]) AS e(step, type_code, payload, ts, checksum, intent_at)
+    RETURNING 1
+)
+SELECT count(*) FROM fence
+"""
+# Outside a transaction, with client-side binding (Django's default for psycopg 3), the
+# tenant and the statement go in one simple-protocol message: PostgreSQL runs the statements
+# of one message as one implicit transaction (set_config(..., true) is local to it; an error
+# rolls all of it back), so a step costs one round trip and one commit.
+_SET_TENANT_SQL = f"SELECT set_config('{TENANT_SETTING}', %s, true);"
+
+
+def fenced_append(
+    tenant_id: uuid.UUID, ref: RunRef, events: Sequence[Event], now: datetime
+) -> bool:
+    """The common case of a per-step flush in one statement (PostgreSQL), in a transaction
+    of its own scoped to ``tenant_id``: ``events`` are consecutive and start exactly at the
+    stored count. True when they were appended and committed. False when nothing was
+    written -- not PostgreSQL, an unusual batch, or the row did not match (fence lost, a
+    gap, a retried flush): the caller then takes the general path (:func:`lock_fenced` +
+    :func:`append_locked`), which tells those cases apart."""
+    if connection.vendor != "postgresql" or not events:
+        return False
+    first = events[0].step
+    if any(event.step != first + i for i, event in enumerate(events)):
+        return False
+    stored = [encode(event) for event in events]
+    params = [
+        first + len(stored),
+        now,
+        ref.run_id,
+        ref.tenant_id,
+        ref.worker_id,
+        ref.generation,
+        RunStatus.RUNNING,
+        first,
+        now,
+        [s.step for s in stored],
+        [s.type_code for s in stored],
+        [s.payload for s in stored],
+        [s.ts for s in stored],
+        [s.checksum for s in stored],
+        [now if not s.checksum else None for s in stored],
+    ]
+    if not connection.in_atomic_block and connection.get_autocommit():
+        with connection.cursor() as cursor:
+            if _client_side_binding(cursor):
+                cursor.execute(_SET_TENANT_SQL + _FENCED_APPEND_SQL, [str(tenant_id), *params])
+                cursor.nextset()
+                row = cursor.fetchone()
+                return bool(row and row[0] == 1)
+    with tenant_context(tenant_id), connection.cursor() as cursor:
+        cursor.execute(_FENCED_APPEND_SQL, params)
+        row = cursor.fetchone()
+    return bool(row and row[0] == 1)
+
+
+def _client_side_binding(cursor: Any) -> bool:
+    """Whether the psycopg cursor merges parameters itself (and so may send several
+    statements in one message)."""
+    try:
+        from psycopg import ClientCursor
+    except ImportError:  # psycopg2: always client-side, but no nextset(); not used
+        return False
+    return isinstance(getattr(cursor, "cursor", None), ClientCursor)
 
 
 class DjangoStorage:
@@ -135,9 +252,12 @@ class DjangoStorage:
     # --- history ---------------------------------------------------------------------------
 
     def append_events(self, run: RunRef, events: Sequence[Event]) -> None:
+        now = self.now()
+        if fenced_append(self.tenant_id, run, events, now):
+            return
         with tenant_context(self.tenant_id):
             count = lock_fenced(run)
-            append_locked(run, count, events, self.now())
+            append_locked(run, count, events, now)
 
     def complete_intent(self, run: RunRef, event: Event) -> None:
         stored = encode(event)
@@ -538,6 +658,7 @@ def settle_promise(
 def create_schedule_from_workflow(
     tenant: uuid.UUID, ref: RunRef, m: CreateSchedule, now: datetime
 ) -> str:
+    from schedules.cron import CronError, next_fire_time
     from schedules.models import Schedule
 
     problem = cron_error(m.cron) or timezone_error(m.timezone)
@@ -555,6 +676,11 @@ def create_schedule_from_workflow(
         json.loads(m.input)
     except json.JSONDecodeError:
         raise Refused(Status.PERMANENT, "the schedule's input is not valid JSON") from None
+    try:
+        # The scheduler takes it from here: the first instant after the step's time.
+        first_run = next_fire_time(m.cron, m.timezone, now)
+    except CronError as exc:
+        raise Refused(Status.PERMANENT, exc.message) from None
     Schedule.objects.create(
         id=schedule_id,
         tenant_id=tenant,
@@ -563,10 +689,11 @@ def create_schedule_from_workflow(
         cron=m.cron,
         timezone=m.timezone,
         input=m.input,
+        next_run_at=first_run,
         created_by_run=_uuid_or_none(ref.run_id),
         created_at=now,
     )
     return m.schedule_id
 
 
-__all__ = ["DjangoStorage", "append_locked", "lock_fenced"]
+__all__ = ["DjangoStorage", "append_locked", "fenced_append", "lock_fenced", "lock_fenced_instance"]

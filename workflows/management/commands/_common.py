@@ -30,9 +30,12 @@ def parse_json_option(value: str | None, name: str) -> Any:
     if value is None:
         return None
     try:
-        return json.loads(value)
+        json.loads(value)
     except json.JSONDecodeError as exc:
         raise CommandError(f"--{name} is not valid JSON: {exc.msg} at column {exc.colno}") from None
+    # The JSON text itself: the services take a str as a JSON document, so a parsed string
+    # value ('"yes"' -> 'yes') would be re-read as (invalid) JSON.
+    return value
 
 
 def fail(exc: ServiceError) -> CommandError:

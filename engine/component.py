@@ -1,0 +1,928 @@
+"""The component backend: Python workflows (componentize-py) on wasmtime's component model.
+
+A component runs on the same engine, epoch ticker, limits and :class:`ExecutionSession` as
+a core module; only the boundary differs. ``sdk/wit/workflow.wit`` (world
+``cleat:workflow/workflow@1.0.0``) is the contract: its ``host`` interface offers every
+ABI v1 operation under the same name in kebab-case, and each is served by the session
+method of the same name, exactly as the core module's ``env`` imports are. So recording,
+replay, suspension (raising out of the host function) and non-determinism checks are the
+core ones, not a second implementation.
+
+Design note
+-----------
+**WASI.** CPython needs about 25 WASI interfaces (streams, environment, filesystem types,
+...). They come from wasmtime's own implementation (``Linker.add_wasip2``) with a WASI
+context that has no preopened directory, no network and no inherited environment, so a
+workflow can neither read files nor open sockets. Five interfaces are replaced by our own
+definitions, because their answers must replay: ``wasi:clocks/wall-clock`` and
+``wasi:clocks/monotonic-clock`` serve the run's virtual time (``session.now()``), and
+``wasi:random/random``, ``insecure`` and ``insecure-seed`` serve the run's random stream
+(``session.random_bytes``). ``time.time()``, ``datetime.now()``, ``time.monotonic()``,
+``random.random()`` (componentize-py seeds it from ``wasi:random`` when the instance first
+runs) and ``uuid.uuid4()`` thus return the same values on every replay. Waiting on the
+monotonic clock (``time.sleep``, asyncio timers) is a guest fault: it would block the worker
+and not survive a crash; ``ctx.sleep`` is the durable wait.
+
+The replacements are defined under the exact versioned names the component imports (for
+example ``wasi:clocks/wall-clock@0.2.9``), with shadowing allowed, so they win over
+wasmtime's semver-compatible definitions. ``define_unknown_imports_as_traps`` was tried and
+dropped: it defines traps at the exact import names, which then also win over wasmtime's
+semver-matched WASI, and CPython trapped in ``wasi:cli/environment#get-environment``.
+
+**Updates and defers without re-entry.** A component cannot be entered while it is inside
+a host call, so the host cannot call an update handler from within a blocking operation the
+way it does for a core module (``GuestBackend.supports_reentry`` is False here). Instead the
+guest SDK asks before each blocking operation: ``updates.take`` answers with the next update
+to apply at this point of the run, recorded as an ``UpdateAppliedEvent`` on first execution
+and replayed from it afterwards; the SDK runs its handler in the guest and reports the
+outcome with ``updates.complete``. Defers need no such thing: the session calls them after
+the entry point has returned, through the world's ``dispatch`` export.
+
+**Loading.** Components are compiled once and cached like core modules (memory LRU, then
+the disk cache of serialized artifacts keyed by sha256 + wasmtime version + configuration).
+At load the component is instantiated once and its ``describe`` export read: the entry
+points and handler names it offers. ``has_export`` answers from that list, because it is
+asked from inside host calls (``durable_defer``, ``register_update_handler``), when the guest
+cannot be asked. wasmtime's C API has no component ``InstancePre``: every segment links
+through ``Linker.instantiate``.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import logging
+import os
+import tempfile
+import threading
+import time
+from collections import deque
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import wasmtime
+import wasmtime.component as wc
+import wasmtime.component._enter as component_enter
+from wasmtime import _ffi as wasmtime_ffi
+
+from engine.abi import DEFAULT_ENTRY_POINT, IMPORTS, SUPPORTED_ABI_VERSIONS, HostImport
+from engine.config import EngineConfig
+from engine.errors import (
+    ErrorCode,
+    GuestFault,
+    HistoryCorrupt,
+    InvalidModule,
+    UnsupportedAbiVersion,
+    WorkflowExit,
+)
+from engine.events import EncodedEvent, UpdateAppliedEvent
+from engine.runtime import LoadedModule, ModuleCache, ModuleInfo, WasmRuntime
+from engine.services import Services
+from engine.session import (
+    AppliedUpdate,
+    ExecutionSession,
+    Outcome,
+    Reply,
+    RunInfo,
+    SegmentResult,
+    failed,
+)
+from engine.status import Status
+from engine.storage import WorkflowStorage
+
+log = logging.getLogger("cleat.engine")
+guest_log = logging.getLogger("cleat.guest")
+
+WIT_PACKAGE = "cleat:workflow"
+WIT_VERSION = "1.0.0"
+HOST_INTERFACE = f"{WIT_PACKAGE}/host@{WIT_VERSION}"
+UPDATES_INTERFACE = f"{WIT_PACKAGE}/updates@{WIT_VERSION}"
+EXPORT_RUN = "run"
+EXPORT_DISPATCH = "dispatch"
+EXPORT_DESCRIBE = "describe"
+
+# WASI interfaces the host answers itself, deterministically (see the design note).
+WALL_CLOCK = "wasi:clocks/wall-clock"
+MONOTONIC_CLOCK = "wasi:clocks/monotonic-clock"
+RANDOM = "wasi:random/random"
+INSECURE_RANDOM = "wasi:random/insecure"
+INSECURE_SEED = "wasi:random/insecure-seed"
+DETERMINISTIC_WASI = (WALL_CLOCK, MONOTONIC_CLOCK, RANDOM, INSECURE_RANDOM, INSECURE_SEED)
+
+_NS_PER_MS = 1_000_000
+# How the SDK reports a MemoryError: CPython's allocator got -1 from memory.grow at the
+# store's limit. Reported as resource_limit, like a core module trapping at the limit.
+GUEST_MEMORY_ERROR = "MemoryError: the workflow ran out of memory"
+
+
+def wit_name(abi_name: str) -> str:
+    """The WIT name of an ABI v1 import: ``durable_call`` -> ``durable-call``."""
+    return abi_name.replace("_", "-")
+
+
+def _unversioned(name: str) -> str:
+    return name.split("@", 1)[0]
+
+
+# The session and instance of the segment running on this thread (host functions are
+# defined once per linker, so they cannot close over a segment).
+_current = threading.local()
+
+
+def _frame() -> tuple[ComponentSession, ComponentInstance] | None:
+    frame: tuple[ComponentSession, ComponentInstance] | None = getattr(_current, "frame", None)
+    return frame
+
+
+def _record(**fields: Any) -> wc.Record:
+    record = wc.Record()
+    for key, value in fields.items():
+        setattr(record, key, value)
+    return record
+
+
+# --- the session, extended with update delivery for guests that cannot be re-entered --------
+
+
+class ComponentSession(ExecutionSession):
+    """An :class:`ExecutionSession` whose updates are taken by the guest (``updates.take``)
+    instead of being pushed into it from inside a blocking call.
+
+    The recorded events are the core ones: an ``UpdateAppliedEvent`` at the step where the
+    update was applied, followed by the steps of its handler. Replay reaches a recorded update
+    through the session's usual look-ahead, which hands it to :meth:`_run_update`; here that
+    queues it for the guest's next ``take`` rather than calling the handler.
+    """
+
+    def __init__(
+        self,
+        run: RunInfo,
+        history: Sequence[EncodedEvent],
+        storage: WorkflowStorage,
+        services: Services,
+        config: EngineConfig,
+        clock: Callable[[], int] | None = None,
+    ) -> None:
+        super().__init__(run, history, storage, services, config, clock)
+        self._updates_due: deque[UpdateAppliedEvent] = deque()
+        self._updates_taken: set[str] = set()
+
+    def _run_update(self, event: UpdateAppliedEvent) -> None:
+        self._applied_update_ids.add(event.update_id)
+        self._updates_due.append(event)
+
+    def take_update(self) -> UpdateAppliedEvent | None:
+        """The next update to apply at this point of the run, or None.
+
+        Replaying, the updates recorded here; at the end of the history, the pending updates
+        in storage, each recorded now. An update without a registered handler is answered
+        NOT_FOUND at once, like the core path does, and not handed to the guest.
+        """
+        while True:
+            if not self._updates_due and self._peek_recorded() is None:
+                for request in self.storage.pending_updates(self.ref, self._applied_update_ids):
+                    event = self._record(
+                        UpdateAppliedEvent(
+                            step=self.step,
+                            ts=self._stamp(),
+                            update_id=request.update_id,
+                            name=request.name,
+                            payload=request.payload,
+                        )
+                    )
+                    self._run_update(event)
+            if not self._updates_due:
+                return None
+            event = self._updates_due.popleft()
+            if event.name in self._update_handlers:
+                self._updates_taken.add(event.update_id)
+                return event
+            self._applied_updates.append(
+                AppliedUpdate(
+                    event.update_id,
+                    Status.NOT_FOUND,
+                    f"no update handler named {event.name!r} is registered",
+                )
+            )
+
+    def complete_update(self, update_id: str, status: int, payload: str) -> None:
+        """The guest's handler for ``update_id`` returned ``status`` and ``payload``."""
+        if update_id not in self._updates_taken:
+            raise GuestFault("updates.complete", f"update {update_id!r} was not taken")
+        self._updates_taken.discard(update_id)
+        self._applied_updates.append(AppliedUpdate(update_id, status, payload))
+
+
+def resolve_entry(guest: GuestInfo, run: RunInfo) -> str | None:
+    """The workflow a run starts. A Python module may hold several workflows; the default
+    entry point ("run") starts the one named like the definition, else the module's only
+    one. Children and schedules start definitions by name, so deploying a module under a
+    workflow's name is all it takes to start that workflow."""
+    entry = run.entry_point
+    if entry in guest.entries:
+        return entry
+    if entry == DEFAULT_ENTRY_POINT:
+        if run.definition in guest.entries:
+            return run.definition
+        if len(guest.entries) == 1:
+            return guest.entries[0]
+    return None
+
+
+# --- one instantiated component -----------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class GuestInfo:
+    """What a built guest offers (its ``describe`` export)."""
+
+    abi_version: int
+    entries: tuple[str, ...]
+    handlers: frozenset[str]
+
+
+@dataclass(frozen=True, slots=True)
+class LoadedComponent(LoadedModule):
+    """A compiled component, cached and passed around like a core module. The inherited
+    ``module`` and ``pre`` hold an empty core module: a component has none, and the runtime
+    routes kind "component" here before it would use them."""
+
+    component: wc.Component
+    guest: GuestInfo
+
+
+class ComponentInstance:
+    """One instantiated component for one segment: the :class:`GuestBackend` of a session."""
+
+    supports_reentry = False
+
+    def __init__(
+        self,
+        store: wasmtime.Store,
+        instance: wc.Instance,
+        guest: GuestInfo,
+        config: EngineConfig,
+        started: float,
+        io_seconds: Callable[[], float],
+    ) -> None:
+        self.store = store
+        # The store, or the StoreContext of the host call in progress.
+        self.ctx: Any = store
+        self.guest = guest
+        self.config = config
+        self._started = started
+        self._io_seconds = io_seconds
+        run = instance.get_func(store, EXPORT_RUN)
+        dispatch = instance.get_func(store, EXPORT_DISPATCH)
+        if run is None or dispatch is None:
+            raise InvalidModule(
+                f"the component does not export {EXPORT_RUN!r} and {EXPORT_DISPATCH!r}"
+            )
+        self._run = run
+        self._dispatch = dispatch
+
+    def _reply(self, function: str, value: Any) -> Reply:
+        limit = self.config.max_string_bytes
+        if isinstance(value, str):
+            if len(value) > limit // 4 and len(value.encode()) > limit:
+                raise GuestFault(function, f"returned a result over the {limit}-byte maximum")
+            return Reply(Status.OK, value)
+        status = int(getattr(value, "status", Status.ERROR))
+        message = str(getattr(value, "message", ""))
+        if status == Status.OK:
+            raise GuestFault(function, "returned an error with status 0 (OK)")
+        return Reply(status, message[: limit + 1])
+
+    def _call(self, function: str, func: wc.Func, *args: str) -> Reply:
+        value = func(self.store, *args)
+        func.post_return(self.store)
+        return self._reply(function, value)
+
+    def run(self, entry: str, input: str) -> Reply:
+        return self._call(EXPORT_RUN, self._run, entry, input)
+
+    # --- GuestBackend ---
+
+    def has_export(self, name: str) -> bool:
+        return name in self.guest.handlers
+
+    def call_export(self, name: str, payload: str) -> Reply:
+        if name not in self.guest.handlers:
+            raise GuestFault(name, f"the component has no handler {name!r}")
+        return self._call(EXPORT_DISPATCH, self._dispatch, name, payload)
+
+    def refresh_deadline(self, io_seconds: float) -> None:
+        guest_seconds = time.monotonic() - self._started - self._io_seconds()
+        remaining = self.config.segment_timeout_s - guest_seconds
+        ticks = max(1, round(remaining / self.config.epoch_tick_s))
+        wasmtime_ffi.wasmtime_context_set_epoch_deadline(self.ctx._context(), ticks)
+
+
+# --- host functions -----------------------------------------------------------------------
+
+
+# The ABI operations are the hot path (one call per durable step), so they are served by C
+# callbacks of their own instead of wasmtime-py's generic ``LinkerInstance.add_func``, which
+# rebuilds the function's type and converts every value through its ``ValType`` classes on
+# each call (about 60 µs). Each callback knows its import's WIT signature: it reads the
+# arguments straight from the ``wasmtime_component_val_t`` slots and writes the result the
+# same way. wasmtime does not check the types of a dynamically defined function when it links
+# a component, so ``ComponentBackend.describe`` checks every imported host function against
+# ABI v1 before any instance is made, and each call checks its argument count.
+_ffi: Any = wasmtime_ffi
+_KIND_U8 = _ffi.WASMTIME_COMPONENT_U8.value
+_KIND_S64 = _ffi.WASMTIME_COMPONENT_S64.value
+_KIND_STRING = _ffi.WASMTIME_COMPONENT_STRING.value
+_KIND_RECORD = _ffi.WASMTIME_COMPONENT_RECORD.value
+_KIND_RESULT = _ffi.WASMTIME_COMPONENT_RESULT.value
+_NO_FINALIZER = ctypes.CFUNCTYPE(None, ctypes.c_void_p)(lambda _data: None)
+
+
+class _StoreContext:
+    """The store context of the host call in progress (what ``_context()`` returns for a
+    wasmtime-py ``Storelike``); invalid once the call has returned."""
+
+    __slots__ = ("pointer",)
+
+    def __init__(self, pointer: Any) -> None:
+        self.pointer = pointer
+
+    def _context(self) -> Any:
+        if self.pointer is None:
+            raise ValueError("the host call has returned")
+        return self.pointer
+
+
+def _string_value(text: str) -> Any:
+    value = _ffi.wasmtime_component_val_t()
+    value.kind = _KIND_STRING
+    value.of.string = _ffi.str_to_capi(text)
+    return value
+
+
+def _write_reply(out: Any, reply: Reply) -> None:
+    """``out`` := ``result<string, call-error>`` for ``reply``."""
+    if reply.status == Status.OK:
+        inner = _string_value(reply.payload)
+    else:
+        fields = _ffi.wasmtime_component_valrecord_t()
+        _ffi.wasmtime_component_valrecord_new_uninit(fields, 2)
+        status, message = fields.data[0], fields.data[1]
+        status.name = _ffi.str_to_capi("status")
+        status.val.kind = _KIND_U8
+        status.val.of.u8 = int(reply.status)
+        message.name = _ffi.str_to_capi("message")
+        message.val.kind = _KIND_STRING
+        message.val.of.string = _ffi.str_to_capi(reply.payload)
+        inner = _ffi.wasmtime_component_val_t()
+        inner.kind = _KIND_RECORD
+        inner.of.record = fields
+    out.kind = _KIND_RESULT
+    out.of.result.is_ok = reply.status == Status.OK
+    out.of.result.val = _ffi.wasmtime_component_val_new(ctypes.byref(inner))
+
+
+def _host_operation(imp: HostImport) -> Any:
+    """The C callback serving ``imp``: the session method of the same name, with the answer
+    in WIT form (``result<string, call-error>`` or ``s64``)."""
+    name = imp.name
+    params = imp.params
+    count = len(params)
+    packed = imp.returns == "P"
+    string_at = ctypes.string_at
+    byte_vec_delete = _ffi.wasm_byte_vec_delete
+    byref = ctypes.byref
+
+    def host(
+        env: Any, context: Any, ty: Any, args: Any, nargs: int, results: Any, nresults: int
+    ) -> int:
+        session: ComponentSession | None = None
+        store = _StoreContext(context)
+        try:
+            frame = _frame()
+            if frame is None:
+                raise GuestFault(name, "host functions cannot be called outside a workflow run")
+            session, instance = frame
+            if nargs != count or nresults != 1:
+                raise GuestFault(name, f"called with {nargs} arguments; ABI v1 declares {count}")
+            limit = instance.config.max_string_bytes
+            values: list[Any] = []
+            for index, code in enumerate(params):
+                slot = args[index]
+                if code == "s":
+                    vec = slot.of.string
+                    size = vec.size
+                    if size > limit:
+                        raise GuestFault(
+                            name, f"a string of {size} bytes exceeds the {limit}-byte maximum"
+                        )
+                    values.append(string_at(vec.data, size).decode("utf-8"))
+                    byte_vec_delete(byref(slot.of.string))
+                elif code == "I":
+                    values.append(slot.of.s64)
+                else:
+                    values.append(slot.of.s32)
+            previous = instance.ctx
+            instance.ctx = store
+            try:
+                result = getattr(session, name)(*values)
+            finally:
+                instance.ctx = previous
+            out = results[0]
+            if packed:
+                _write_reply(out, result)
+            else:
+                out.kind = _KIND_S64
+                out.of.s64 = int(result)
+            return 0
+        except BaseException as exc:
+            if session is not None and session.exit is None:
+                session.exit = exc
+            # Parked where wasmtime-py's component calls look for it when the guest traps.
+            component_enter.LAST_EXCEPTION = exc  # type: ignore[assignment]
+            error = wasmtime.WasmtimeError("python exception")._consume()
+            return ctypes.cast(error, ctypes.c_void_p).value or 0
+        finally:
+            store.pointer = None
+
+    return _ffi.wasmtime_component_func_callback_t(host)
+
+
+def _define_host_operation(instance: wc.LinkerInstance, imp: HostImport) -> None:
+    name = wit_name(imp.name).encode()
+    error = _ffi.wasmtime_component_linker_instance_add_func(
+        instance.ptr(),
+        ctypes.create_string_buffer(name),
+        len(name),
+        _HOST_CALLBACKS[imp.name],
+        None,
+        _NO_FINALIZER,
+    )
+    if error:
+        raise wasmtime.WasmtimeError._from_ptr(error)
+
+
+_PARAM_TYPES = {"s": "string", "I": "s64", "i": "s32"}
+_RESULT_TYPES = {"P": "result<string, {status: u8, message: string}>", "V": "s64"}
+_IMPORTS_BY_WIT_NAME = {wit_name(imp.name): imp for imp in IMPORTS}
+
+
+def _wit_signature(imp: HostImport) -> tuple[tuple[str, ...], str]:
+    return tuple(_PARAM_TYPES[code] for code in imp.params), _RESULT_TYPES[imp.returns]
+
+
+def _wit_type(ty: Any) -> str:
+    """A component value type as text, e.g. ``result<string, {status: u8, message: string}>``."""
+    if ty is None:
+        return "_"
+    if isinstance(ty, wc.ResultType):
+        return f"result<{_wit_type(ty.ok)}, {_wit_type(ty.err)}>"
+    if isinstance(ty, wc.RecordType):
+        return "{" + ", ".join(f"{name}: {_wit_type(t)}" for name, t in ty.fields) + "}"
+    if isinstance(ty, wc.OptionType):
+        return f"option<{_wit_type(ty.payload)}>"
+    if isinstance(ty, wc.ListType):
+        return f"list<{_wit_type(ty.element)}>"
+    return type(ty).__name__.lower()
+
+
+# One callback per import for the whole process (ctypes frees a callback when its object is
+# collected, and every linker calls into them).
+_HOST_CALLBACKS: dict[str, Any] = {imp.name: _host_operation(imp) for imp in IMPORTS}
+
+
+def _guarded(function: str, fn: Callable[..., Any]) -> Callable[..., Any]:
+    """A host function that needs the session; faults are recorded as the segment's exit."""
+
+    def host(store: Any, *args: Any) -> Any:
+        frame = _frame()
+        if frame is None:
+            raise GuestFault(function, "called outside a workflow run")
+        session = frame[0]
+        try:
+            return fn(session, *args)
+        except BaseException as exc:
+            if session.exit is None:
+                session.exit = exc
+            raise
+
+    return host
+
+
+def _take_update(session: ComponentSession) -> Any:
+    event = session.take_update()
+    if event is None:
+        return None
+    # Record fields carry their WIT (kebab-case) names.
+    return _record(**{"update-id": event.update_id, "name": event.name, "payload": event.payload})
+
+
+def _complete_update(session: ComponentSession, update_id: str, status: int, payload: str) -> None:
+    session.complete_update(update_id, status, payload)
+
+
+# Deterministic WASI. Outside a run (``describe`` at load time) time is the epoch and the
+# random stream is zeros: nothing there may depend on them.
+
+
+def _virtual_ms() -> int:
+    frame = _frame()
+    return frame[0].now() if frame is not None else 0
+
+
+def _random_bytes(function: str, length: int) -> bytes:
+    frame = _frame()
+    if frame is None:
+        return bytes(length)
+    session, instance = frame
+    limit = instance.config.max_string_bytes
+    if length > limit:
+        fault = GuestFault(function, f"asked for {length} random bytes (at most {limit})")
+        if session.exit is None:
+            session.exit = fault
+        raise fault
+    return session.random_bytes(length)
+
+
+def _wall_clock_now(store: Any) -> wc.Record:
+    ms = _virtual_ms()
+    return _record(seconds=ms // 1000, nanoseconds=(ms % 1000) * _NS_PER_MS)
+
+
+def _wall_clock_resolution(store: Any) -> wc.Record:
+    return _record(seconds=0, nanoseconds=_NS_PER_MS)
+
+
+def _monotonic_now(store: Any) -> int:
+    return _virtual_ms() * _NS_PER_MS
+
+
+def _monotonic_resolution(store: Any) -> int:
+    return _NS_PER_MS
+
+
+def _monotonic_wait(store: Any, *args: Any) -> Any:
+    fault = GuestFault(
+        f"{MONOTONIC_CLOCK}#subscribe",
+        "waiting on the clock (time.sleep, asyncio timers) is not durable and not replay-safe "
+        "in a workflow; use ctx.sleep()",
+    )
+    frame = _frame()
+    if frame is not None and frame[0].exit is None:
+        frame[0].exit = fault
+    raise fault
+
+
+def _get_random_bytes(store: Any, length: int) -> bytes:
+    return _random_bytes(f"{RANDOM}#get-random-bytes", length)
+
+
+def _get_random_u64(store: Any) -> int:
+    return int.from_bytes(_random_bytes(f"{RANDOM}#get-random-u64", 8), "little")
+
+
+def _insecure_seed(store: Any) -> tuple[int, int]:
+    raw = _random_bytes(f"{INSECURE_SEED}#insecure-seed", 16)
+    return int.from_bytes(raw[:8], "little"), int.from_bytes(raw[8:], "little")
+
+
+_WASI_FUNCTIONS: dict[str, tuple[tuple[str, Callable[..., Any]], ...]] = {
+    WALL_CLOCK: (("now", _wall_clock_now), ("resolution", _wall_clock_resolution)),
+    MONOTONIC_CLOCK: (
+        ("now", _monotonic_now),
+        ("resolution", _monotonic_resolution),
+        ("subscribe-instant", _monotonic_wait),
+        ("subscribe-duration", _monotonic_wait),
+    ),
+    RANDOM: (("get-random-bytes", _get_random_bytes), ("get-random-u64", _get_random_u64)),
+    INSECURE_RANDOM: (
+        ("get-insecure-random-bytes", _get_random_bytes),
+        ("get-insecure-random-u64", _get_random_u64),
+    ),
+    INSECURE_SEED: (("insecure-seed", _insecure_seed),),
+}
+
+
+def _guest_output(stream: str) -> Callable[[bytes], None]:
+    """stdout/stderr of the guest, to the ``cleat.guest`` logger; dropped while the segment
+    replays, so a ``print`` is logged once like ``ctx.log``."""
+
+    def write(data: bytes) -> None:
+        frame = _frame()
+        if frame is not None and frame[0].replaying:
+            return
+        run = frame[0].ref.run_id if frame is not None else "-"
+        for line in data.decode("utf-8", "replace").splitlines():
+            if line.strip():
+                guest_log.info("run %s %s: %s", run, stream, line)
+
+    return write
+
+
+# --- loading -------------------------------------------------------------------------------
+
+
+def _write_atomically(path: Path, data: bytes) -> None:
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(dir=path.parent, suffix=".tmp")
+        with os.fdopen(fd, "wb") as fh:
+            fh.write(data)
+        os.replace(tmp, path)
+    except OSError as exc:  # a read-only cache is a slower cache, not an error
+        log.warning("cannot write component cache %s: %s", path, exc)
+
+
+class ComponentBackend:
+    """Loads and runs components for a :class:`~engine.runtime.WasmRuntime` (its engine,
+    configuration and epoch ticker). Thread-safe."""
+
+    def __init__(self, runtime: WasmRuntime) -> None:
+        self._runtime = runtime
+        self.config = runtime.config
+        self.engine = runtime.engine
+        self._lock = threading.Lock()
+        self._wasi_names: frozenset[str] = frozenset()
+        self._linker = self._build_linker(self._wasi_names)
+        # LoadedModule's core fields for components: an empty core module (see LoadedComponent).
+        self._no_module = wasmtime.Module(self.engine, b"\x00asm\x01\x00\x00\x00")
+        self._no_pre = runtime.linker.instantiate_pre(self._no_module)
+
+    # --- linking ---
+
+    def _build_linker(self, wasi_names: frozenset[str]) -> wc.Linker:
+        linker = wc.Linker(self.engine)
+        linker.allow_shadowing = True
+        linker.add_wasip2()
+        with linker.root() as root:
+            with root.add_instance(HOST_INTERFACE) as host:
+                for imp in IMPORTS:
+                    _define_host_operation(host, imp)
+            with root.add_instance(UPDATES_INTERFACE) as updates:
+                updates.add_func("take", _guarded("updates.take", _take_update))
+                updates.add_func("complete", _guarded("updates.complete", _complete_update))
+            for full_name in sorted(wasi_names):
+                with root.add_instance(full_name) as instance:
+                    for name, fn in _WASI_FUNCTIONS[_unversioned(full_name)]:
+                        instance.add_func(name, fn)
+        return linker
+
+    def _linker_for(self, component: wc.Component) -> wc.Linker:
+        """The linker, extended (once) with the deterministic WASI interfaces at the versions
+        this component imports."""
+        wanted = frozenset(
+            name
+            for name in component.type.imports(self.engine)
+            if _unversioned(name) in DETERMINISTIC_WASI
+        )
+        with self._lock:
+            if not wanted <= self._wasi_names:
+                names = self._wasi_names | wanted
+                self._linker = self._build_linker(names)
+                self._wasi_names = names
+            return self._linker
+
+    def _new_store(self) -> wasmtime.Store:
+        cfg = self.config
+        store = wasmtime.Store(self.engine)
+        store.set_limits(
+            memory_size=cfg.memory_limit_bytes,
+            table_elements=cfg.max_table_elements,
+            instances=cfg.max_instances,
+            tables=cfg.max_tables,
+            memories=cfg.max_instances,
+        )
+        store.set_epoch_deadline(cfg.deadline_ticks)
+        if cfg.fuel:
+            store.set_fuel(cfg.fuel)
+        wasi = wasmtime.WasiConfig()
+        wasi.stdout_custom = _guest_output("stdout")
+        wasi.stderr_custom = _guest_output("stderr")
+        store.set_wasi(wasi)
+        return store
+
+    def instantiate(self, loaded: LoadedComponent, store: wasmtime.Store) -> wc.Instance:
+        with self._lock:
+            linker = self._linker
+        return linker.instantiate(store, loaded.component)
+
+    # --- loading ---
+
+    def load(self, wasm: bytes, sha: str, cache: ModuleCache, path: Path | None) -> LoadedModule:
+        """Compile ``wasm`` (or read it from the disk cache at ``path``) and describe it."""
+        component: wc.Component | None = None
+        if path is not None and path.exists():
+            try:
+                component = wc.Component.deserialize_file(self.engine, str(path))
+                cache.disk_hits += 1
+            except wasmtime.WasmtimeError:
+                log.warning("discarding unreadable cached component %s", path)
+                path.unlink(missing_ok=True)
+        if component is None:
+            cache.misses += 1
+            started = time.monotonic()
+            try:
+                component = wc.Component(self.engine, wasm)
+            except wasmtime.WasmtimeError as exc:
+                raise InvalidModule(f"invalid WebAssembly component: {exc}") from None
+            log.info(
+                "compiled component %s… (%d bytes) in %.1f s",
+                sha[:12],
+                len(wasm),
+                time.monotonic() - started,
+            )
+            if path is not None:
+                _write_atomically(path, bytes(component.serialize()))
+        guest, imports = self.describe(component)
+        info = ModuleInfo(
+            sha256=sha,
+            kind="component",
+            abi_version=guest.abi_version,
+            # "run" is always accepted: see resolve_entry.
+            entry_points=tuple(dict.fromkeys((*guest.entries, DEFAULT_ENTRY_POINT))),
+            imports=imports,
+            size=len(wasm),
+        )
+        return LoadedComponent(info, self._no_module, self._no_pre, component, guest)
+
+    def describe(self, component: wc.Component) -> tuple[GuestInfo, tuple[str, ...]]:
+        """Check the component against the world and ask it what it offers."""
+        imports = tuple(component.type.imports(self.engine))
+        exports = set(component.type.exports(self.engine))
+        for name in imports:
+            package = name.split("/", 1)[0]
+            if package == WIT_PACKAGE:
+                if name not in (HOST_INTERFACE, UPDATES_INTERFACE) and not name.startswith(
+                    f"{WIT_PACKAGE}/types@"
+                ):
+                    raise UnsupportedAbiVersion(
+                        f"the component imports {name}; this host serves {HOST_INTERFACE} "
+                        f"and {UPDATES_INTERFACE}"
+                    )
+            elif not package.startswith("wasi:"):
+                raise InvalidModule(f"the component imports {name}, which is not part of ABI v1")
+        self._check_host_signatures(component)
+        missing = [e for e in (EXPORT_RUN, EXPORT_DISPATCH, EXPORT_DESCRIBE) if e not in exports]
+        if missing:
+            raise InvalidModule(
+                f"the component does not export {', '.join(missing)} of the world "
+                f"{WIT_PACKAGE}/workflow@{WIT_VERSION} (build it with manage.py build_workflow)"
+            )
+        store = self._new_store()
+        try:
+            instance = self._linker_for(component).instantiate(store, component)
+            describe = instance.get_func(store, EXPORT_DESCRIBE)
+            if describe is None:
+                raise InvalidModule(f"the component does not export {EXPORT_DESCRIBE!r}")
+            raw = describe(store)
+            describe.post_return(store)
+        except (wasmtime.WasmtimeError, WorkflowExit) as exc:
+            raise InvalidModule(f"cannot instantiate the component: {exc}") from None
+        guest = GuestInfo(
+            abi_version=int(getattr(raw, "abi-version")),
+            entries=tuple(raw.entries),
+            handlers=frozenset(raw.handlers),
+        )
+        if guest.abi_version not in SUPPORTED_ABI_VERSIONS:
+            raise UnsupportedAbiVersion(
+                f"the component declares guest ABI version {guest.abi_version}; this host "
+                f"serves version(s) {', '.join(map(str, sorted(SUPPORTED_ABI_VERSIONS)))}"
+            )
+        if not guest.entries:
+            raise InvalidModule("the component offers no workflow (no @workflow function)")
+        return guest, imports
+
+    def _check_host_signatures(self, component: wc.Component) -> None:
+        """Every host function the component imports must have ABI v1's WIT signature: the
+        host callbacks read their arguments by that signature (see ``_host_operation``)."""
+        imported = component.type.imports(self.engine).get(HOST_INTERFACE)
+        if imported is None:
+            return
+        instance_type = imported.ty
+        if not isinstance(instance_type, wc.ComponentInstanceType):
+            raise InvalidModule(f"the component imports {HOST_INTERFACE} as a non-instance")
+        for name, extern in instance_type.exports(self.engine).items():
+            func = extern.ty
+            if not isinstance(func, wc.FuncType):
+                continue  # a type the functions use (call-error)
+            declared = _IMPORTS_BY_WIT_NAME.get(name)
+            if declared is None:
+                raise InvalidModule(
+                    f"the component imports {HOST_INTERFACE}#{name}, which is not part of ABI v1"
+                )
+            expected = _wit_signature(declared)
+            found = (tuple(_wit_type(t) for _, t in func.params), _wit_type(func.result))
+            if found != expected:
+                raise InvalidModule(
+                    f"the component imports {HOST_INTERFACE}#{name} with type {found}, but ABI "
+                    f"v1 declares {expected}"
+                )
+
+    # --- running ---
+
+    def run_segment(
+        self,
+        module: LoadedModule,
+        run: RunInfo,
+        history: Sequence[EncodedEvent],
+        storage: WorkflowStorage,
+        services: Services,
+        clock: Callable[[], int] | None = None,
+    ) -> SegmentResult:
+        """Instantiate the component and run ``run`` from the start against ``history``
+        (the component twin of :meth:`WasmRuntime.run_segment`)."""
+        started = time.monotonic()
+        if not isinstance(module, LoadedComponent):
+            raise InvalidModule("not a loaded component")
+        try:
+            session = ComponentSession(run, history, storage, services, self.config, clock)
+        except HistoryCorrupt as exc:
+            return SegmentResult(
+                outcome=failed(ErrorCode.HISTORY_CORRUPT, str(exc)),
+                new_events=(),
+                recorded=(),
+                query_state={},
+                replayed_steps=0,
+                next_step=0,
+                elapsed_s=time.monotonic() - started,
+            )
+        entry = resolve_entry(module.guest, run)
+        if entry is None:
+            offered = ", ".join(module.guest.entries)
+            message = (
+                f"entry point {run.entry_point!r} is not offered (the component offers: {offered})"
+            )
+            if run.entry_point == DEFAULT_ENTRY_POINT:
+                message = (
+                    f"the component offers several workflows ({offered}) and none is named "
+                    f"{run.definition!r}: deploy it under one of their names, or start the "
+                    "run with an entry point"
+                )
+            outcome: Outcome = failed(ErrorCode.INVALID_MODULE, message)
+            return session.result(outcome, time.monotonic() - started)
+        store = self._new_store()
+        try:
+            instance = ComponentInstance(
+                store,
+                self.instantiate(module, store),
+                module.guest,
+                self.config,
+                started,
+                lambda: session.io_seconds,
+            )
+        except (wasmtime.WasmtimeError, InvalidModule) as exc:
+            return session.result(self._classify(exc, session), time.monotonic() - started)
+        session.bind(instance)
+        previous = _frame()
+        _current.frame = (session, instance)
+        try:
+            reply = instance.run(entry, run.input)
+            if reply.status == Status.ERROR and reply.payload.startswith(GUEST_MEMORY_ERROR):
+                outcome = failed(
+                    ErrorCode.RESOURCE_LIMIT,
+                    f"the guest ran out of memory (limit {self.config.memory_limit_bytes} "
+                    "bytes): Python raised MemoryError",
+                )
+            else:
+                outcome = session.finish(reply)
+        except (KeyboardInterrupt, SystemExit):
+            raise
+        except BaseException as exc:
+            outcome = self._classify(exc, session)
+        finally:
+            _current.frame = previous
+        return session.result(outcome, time.monotonic() - started)
+
+    def _classify(self, exc: BaseException, session: ExecutionSession) -> Outcome:
+        """Map what ended the segment to an outcome. Exceptions the session raised out of a
+        host function come first; wasmtime's own errors are read from their text (the
+        component API reports traps as ``WasmtimeError``, without a trap code)."""
+        reason = session.exit if session.exit is not None else exc
+        if isinstance(reason, wasmtime.WasmtimeError) and not isinstance(reason, wasmtime.Trap):
+            return self._classify_error(reason)
+        return self._runtime._classify(reason, session, None)
+
+    def _classify_error(self, error: wasmtime.WasmtimeError) -> Outcome:
+        cfg = self.config
+        text = str(error)
+        lowered = text.lower()
+        if "wasm trap: interrupt" in lowered:
+            return failed(
+                ErrorCode.TIMEOUT,
+                f"the execution segment exceeded its {cfg.segment_timeout_s:g} s deadline",
+            )
+        if "all fuel consumed" in lowered:
+            return failed(
+                ErrorCode.RESOURCE_LIMIT, f"the guest used up its fuel ({cfg.fuel} units)"
+            )
+        if "call stack exhausted" in lowered:
+            return failed(ErrorCode.RESOURCE_LIMIT, "the guest exhausted its call stack")
+        if "memory" in lowered and ("limit" in lowered or "exceeds" in lowered):
+            return failed(
+                ErrorCode.RESOURCE_LIMIT,
+                f"the guest ran out of memory (limit {cfg.memory_limit_bytes} bytes): {text}",
+            )
+        if "forcing a resource limit" in lowered or "resource limit exceeded" in lowered:
+            return failed(ErrorCode.RESOURCE_LIMIT, text)
+        return failed(ErrorCode.PANIC, text)

@@ -1,0 +1,253 @@
+"""Schedules in the operator console. Forms validate through ``schedules.services`` and
+every change goes through it too (create, update, delete, enable, disable, trigger,
+backfill); nothing here writes a row itself. Pages render in the session tenant's context
+(``workflows.middleware``)."""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Any
+
+from django import forms
+from django.contrib import admin, messages
+from django.contrib.admin.helpers import ACTION_CHECKBOX_NAME
+from django.db import transaction
+from django.db.models import QuerySet
+from django.http import HttpRequest, HttpResponse
+from django.template.response import TemplateResponse
+from django.urls import reverse
+from django.utils import timezone as dj_timezone
+from django.utils.html import format_html, format_html_join
+from django.utils.safestring import mark_safe
+
+from schedules import services
+from schedules.cron import CronError, load_zone
+from schedules.models import OverlapPolicy, Schedule
+from schedules.scheduler import Delivery
+from workflows.models import Tenant, WorkflowInstance
+from workflows.services import ServiceError
+from workflows.tenancy import current_tenant
+
+PREVIEW_COUNT = 5
+
+
+def _tenant() -> Tenant:
+    return Tenant.objects.get(id=current_tenant())
+
+
+def _operator(request: HttpRequest) -> str:
+    user = getattr(request, "user", None)
+    return f"admin:{user.get_username()}" if user is not None else "admin"
+
+
+class ScheduleForm(forms.ModelForm):
+    """Field checks name the field (``cron``: ``minute field '61': 61 is outside 0-59``);
+    the cross-field ones (definition, entry point, unique name) come from the service's
+    validation, attached to the field it names."""
+
+    class Meta:
+        model = Schedule
+        fields = services.EDITABLE_FIELDS
+        widgets = {
+            "input": forms.Textarea(attrs={"rows": 3, "cols": 60}),
+            "notes": forms.Textarea(attrs={"rows": 4, "cols": 60}),
+        }
+
+    def clean_cron(self) -> str:
+        cron = str(self.cleaned_data.get("cron") or "")
+        try:
+            services.timing_for(cron, "UTC")
+        except ServiceError as exc:
+            raise forms.ValidationError(exc.message) from None
+        return cron
+
+    def clean_timezone(self) -> str:
+        name = str(self.cleaned_data.get("timezone") or "UTC")
+        try:
+            load_zone(name)
+        except CronError as exc:
+            raise forms.ValidationError(exc.message) from None
+        return name
+
+    def clean(self) -> dict[str, Any]:
+        data = super().clean() or {}
+        if self.errors:
+            return data
+        values = {name: data.get(name) for name in services.EDITABLE_FIELDS if name in data}
+        adding = self.instance._state.adding
+        try:
+            services.validate_schedule(
+                _tenant(), values, schedule_id=None if adding else self.instance.pk
+            )
+        except ServiceError as exc:
+            self.add_error(exc.field if exc.field in self.fields else None, exc.message)
+        return data
+
+
+class BackfillForm(forms.Form):
+    start = forms.DateTimeField(help_text="UTC, e.g. 2026-03-08 00:00")
+    end = forms.DateTimeField(help_text="UTC, inclusive; not in the future")
+    overlap_policy = forms.ChoiceField(
+        choices=[("", "the schedule's own"), *OverlapPolicy.choices],
+        required=False,
+        help_text="Each instant is delivered under this policy.",
+    )
+
+    def clean(self) -> dict[str, Any]:
+        data = super().clean() or {}
+        start, end = data.get("start"), data.get("end")
+        if isinstance(start, datetime) and isinstance(end, datetime) and end < start:
+            self.add_error("end", "end is before start")
+        return data
+
+
+def _describe(made: list[Delivery]) -> str:
+    counts: dict[str, int] = {}
+    for delivery in made:
+        counts[delivery.outcome] = counts.get(delivery.outcome, 0) + 1
+    return ", ".join(f"{n} {outcome}" for outcome, n in sorted(counts.items())) or "nothing due"
+
+
+@admin.register(Schedule)
+class ScheduleAdmin(admin.ModelAdmin):
+    form = ScheduleForm
+    list_display = (
+        "name",
+        "workflow_name",
+        "cron",
+        "timezone",
+        "enabled",
+        "next_fire_times",
+        "last_run",
+        "misfire_policy",
+        "overlap_policy",
+    )
+    list_filter = ("enabled", "timezone", "misfire_policy", "overlap_policy")
+    search_fields = ("name", "workflow_name", "cron", "notes")
+    readonly_fields = (
+        "next_fire_times",
+        "next_run_at",
+        "last_run",
+        "buffered_instants",
+        "created_by_run",
+        "created_at",
+    )
+    actions = ("enable_schedules", "disable_schedules", "trigger_now", "backfill")
+
+    # --- columns ---
+
+    @admin.display(description=f"next {PREVIEW_COUNT} fire times")
+    def next_fire_times(self, obj: Schedule) -> str:
+        if not obj.enabled:
+            return "disabled"
+        try:
+            timing = obj.timing
+        except CronError as exc:
+            return f"cannot evaluate: {exc.message}"
+        start = obj.next_run_at or dj_timezone.now()
+        first = [start] if obj.next_run_at else []
+        instants = first + timing.preview(start, PREVIEW_COUNT - len(first))
+        return format_html_join(
+            mark_safe("<br>"),  # a constant
+            "{}",
+            ((timing.local(t).strftime("%Y-%m-%d %H:%M %Z"),) for t in instants),
+        )
+
+    @admin.display(description="last run")
+    def last_run(self, obj: Schedule) -> str:
+        if obj.last_run_id is None:
+            return "-"
+        url = reverse("admin:workflows_workflowinstance_change", args=[obj.last_run_id])
+        status = (
+            WorkflowInstance.objects.filter(tenant_id=obj.tenant_id, id=obj.last_run_id)
+            .values_list("status", flat=True)
+            .first()
+        )
+        when = obj.last_run_at.strftime("%Y-%m-%d %H:%M:%S UTC") if obj.last_run_at else ""
+        return format_html(
+            '<a href="{}">{}</a> {} ({})', url, str(obj.last_run_id)[:8], when, status or "gone"
+        )
+
+    # --- saving through the services ---
+
+    def save_model(self, request: HttpRequest, obj: Schedule, form: Any, change: bool) -> None:
+        values = {
+            name: form.cleaned_data[name]
+            for name in services.EDITABLE_FIELDS
+            if name in form.cleaned_data
+        }
+        if change:
+            saved = services.update_schedule(_tenant(), obj.pk, **values)
+        else:
+            saved = services.create_schedule(_tenant(), **values)
+        for model_field in Schedule._meta.concrete_fields:
+            setattr(obj, model_field.attname, getattr(saved, model_field.attname))
+        obj._state.adding = False
+
+    def delete_model(self, request: HttpRequest, obj: Schedule) -> None:
+        services.delete_schedule(_tenant(), obj.pk)
+
+    def delete_queryset(self, request: HttpRequest, queryset: QuerySet[Schedule]) -> None:
+        for schedule in queryset:
+            services.delete_schedule(_tenant(), schedule.pk)
+
+    # --- actions ---
+
+    @admin.action(description="Enable (resume at the next future instant)")
+    def enable_schedules(self, request: HttpRequest, queryset: QuerySet[Schedule]) -> None:
+        for schedule in queryset:
+            services.resume_schedule(_tenant(), schedule.pk, operator=_operator(request))
+        self.message_user(request, f"Enabled {queryset.count()} schedule(s).")
+
+    @admin.action(description="Disable")
+    def disable_schedules(self, request: HttpRequest, queryset: QuerySet[Schedule]) -> None:
+        for schedule in queryset:
+            services.pause_schedule(_tenant(), schedule.pk, operator=_operator(request))
+        self.message_user(request, f"Disabled {queryset.count()} schedule(s).")
+
+    @admin.action(description="Trigger now (honours the overlap policy)")
+    def trigger_now(self, request: HttpRequest, queryset: QuerySet[Schedule]) -> None:
+        for schedule in queryset:
+            try:
+                made = services.trigger_schedule(_tenant(), schedule.pk)
+            except ServiceError as exc:
+                self.message_user(request, f"{schedule.name}: {exc.message}", messages.ERROR)
+                continue
+            self.message_user(request, f"{schedule.name}: {_describe(made)}")
+
+    @admin.action(description="Backfill a time range…")
+    def backfill(self, request: HttpRequest, queryset: QuerySet[Schedule]) -> HttpResponse | None:
+        if "apply" in request.POST:
+            form = BackfillForm(request.POST)
+            if form.is_valid():
+                results: list[str] = []
+                current = None
+                try:
+                    with transaction.atomic():  # all schedules or none
+                        for current in queryset:
+                            made = services.backfill_schedule(
+                                _tenant(),
+                                current.pk,
+                                form.cleaned_data["start"],
+                                form.cleaned_data["end"],
+                                overlap_policy=form.cleaned_data["overlap_policy"] or None,
+                            )
+                            results.append(f"{current.name}: {_describe(made)}")
+                except ServiceError as exc:
+                    field = exc.field if exc.field in form.fields else None
+                    name = current.name if current is not None else ""
+                    form.add_error(field, f"{name}: {exc.message}")
+                else:
+                    self.message_user(request, "Backfilled " + "; ".join(results) + ".")
+                    return None
+        else:
+            form = BackfillForm()
+        context = {
+            **self.admin_site.each_context(request),
+            "title": "Backfill schedules",
+            "opts": self.model._meta,
+            "form": form,
+            "queryset": queryset,
+            "action_checkbox_name": ACTION_CHECKBOX_NAME,
+        }
+        return TemplateResponse(request, "schedules/backfill.html", context)

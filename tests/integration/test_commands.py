@@ -1,0 +1,348 @@
+"""The companion management commands, end to end and on bad input, on every database.
+
+In process (``call_command``) the commands must raise ``CommandError`` whose message names
+the problem; as real processes (``manage.py`` on the production settings, pointed at the
+test database with ``DATABASE_URL``) they must exit non-zero with that message and no
+traceback.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import uuid
+from collections.abc import Iterator
+from io import StringIO
+from pathlib import Path
+from typing import Any
+from urllib.parse import quote
+
+import pytest
+from django.core.management import call_command
+from django.core.management.base import CommandError
+from django.db import connection
+
+from tests.fixtures.wat import Wat
+from workflows.models import Signal, Status, Tenant, WorkflowDefinition, WorkflowInstance
+from workflows.tenancy import tenant_context
+from workflows.testing import DatabaseWorkflowEnvironment
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def approval_wat() -> str:
+    """Waits up to an hour for ``go``; completes with what the await returned."""
+    w = Wat()
+    w.run(
+        f"""
+    (call $rec (call $durable_await_signals {w.js(["go"])} (i64.const 3600000)))
+    (call $finish)"""
+    )
+    return w.source()
+
+
+def quick_wat() -> str:
+    w = Wat()
+    w.run(f"(call $note {w.s('quick')}) (call $finish)")
+    return w.source()
+
+
+@pytest.fixture(autouse=True)
+def _restore_signal_handlers() -> Iterator[None]:
+    """``runworker`` installs SIGTERM/SIGINT handlers in the main thread; give pytest its
+    own back."""
+    saved = {s: signal.getsignal(s) for s in (signal.SIGTERM, signal.SIGINT)}
+    yield
+    for signum, handler in saved.items():
+        signal.signal(signum, handler)
+
+
+@pytest.fixture
+def files(tmp_path: Path) -> dict[str, Path]:
+    import wasmtime
+
+    made = {
+        "approval.wasm": bytes(wasmtime.wat2wasm(approval_wat())),
+        "approval.wat": approval_wat().encode(),
+        "garbage.wasm": b"\0asm\x01\0\0\0\x05",  # a truncated section: wasmtime's parse error
+        "text.wasm": b"hello, not a module",
+        "broken.wat": b"(module (func $f (result i32)",
+    }
+    for name, data in made.items():
+        (tmp_path / name).write_bytes(data)
+    paths = {name: tmp_path / name for name in made}
+    paths["missing.wasm"] = tmp_path / "missing.wasm"
+    return paths
+
+
+def run(*args: str) -> tuple[str, str]:
+    """``manage.py ARGS`` in process; returns (stdout, stderr)."""
+    out, err = StringIO(), StringIO()
+    call_command(*args, stdout=out, stderr=err)
+    return out.getvalue(), err.getvalue()
+
+
+def show(run_id: str, *extra: str) -> dict[str, Any]:
+    out, _ = run("show_workflow", run_id, *extra)
+    summary = json.loads(out)
+    assert isinstance(summary, dict)
+    return summary
+
+
+def database_url() -> str:
+    settings = connection.settings_dict
+    if connection.vendor == "sqlite":
+        return f"sqlite:///{settings['NAME']}"
+    scheme = {"postgresql": "postgres", "mysql": "mysql"}[connection.vendor]
+    port = settings["PORT"] or {"postgresql": 5432, "mysql": 3306}[connection.vendor]
+    user = quote(settings["USER"])
+    if settings["PASSWORD"]:
+        user += ":" + quote(settings["PASSWORD"])
+    return f"{scheme}://{user}@{settings['HOST'] or '127.0.0.1'}:{port}/{settings['NAME']}"
+
+
+def manage(*args: str) -> subprocess.CompletedProcess[str]:
+    """``manage.py ARGS`` as a separate process on the production settings, connected to
+    the test database (as the same user as the suite)."""
+    env = {k: v for k, v in os.environ.items() if k != "DJANGO_SETTINGS_MODULE"}
+    env.update(DEBUG="1", DATABASE_URL=database_url())
+    return subprocess.run(
+        [sys.executable, str(ROOT / "manage.py"), *args],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+
+
+def last_line(text: str) -> str:
+    return text.strip().splitlines()[-1]
+
+
+# --- end to end ----------------------------------------------------------------------------------
+
+
+def test_deploy_start_work_signal_work_show(tenant: Tenant, files: dict[str, Path]) -> None:
+    """The companion commands in process: deploy (binary and WAT), start with input and an
+    idempotency key, run the worker until idle, signal, run it again, and show the run as
+    JSON at each stage."""
+    out, _ = run("deploy_workflow", "approval", str(files["approval.wasm"]))
+    assert out.strip() == "1"
+    out, _ = run("deploy_workflow", "approval", str(files["approval.wat"]))
+    assert out.strip() == "2"
+
+    args = ("--version", "1", "--input", '{"order": 7}', "--idempotency-key", "order-7")
+    out, err = run("start_workflow", "approval", *args)
+    run_id = last_line(out)
+    assert err == ""
+    summary = show(run_id)
+    assert {k: summary[k] for k in ("id", "status", "version", "events")} == {
+        "id": run_id,
+        "status": "ready",
+        "version": 1,
+        "events": 0,
+    }
+
+    out, _ = run("runworker", "--burst", "--concurrency", "1")
+    assert last_line(out) == "processed 1 segment(s)"
+    summary = show(run_id)
+    assert summary["status"] == "ready"
+    assert summary["waiting_on"].startswith("signals go")
+    assert (summary["result"], summary["error"], summary["error_code"]) == (None, None, None)
+
+    again, err = run("start_workflow", "approval", *args)
+    assert last_line(again) == run_id
+    assert "idempotency key" in err
+
+    out, _ = run("signal_workflow", run_id, "go", "--payload", '{"ok": true}')
+    assert run_id in out
+    out, _ = run("runworker", "--burst")
+    assert last_line(out) == "processed 1 segment(s)"
+
+    summary = show(run_id)
+    assert summary["id"] == run_id
+    assert summary["status"] == "done"
+    assert json.loads(summary["result"]) == [[0, '{"name":"go","payload":{"ok":true}}']]
+    assert (summary["error"], summary["error_code"], summary["waiting_on"]) == (None, None, None)
+    with tenant_context(tenant.id):
+        assert WorkflowInstance.objects.get(id=run_id).definition_version == 1
+
+
+def test_the_commands_as_processes(tenant: Tenant, files: dict[str, Path]) -> None:
+    """The same journey through ``manage.py`` processes sharing the database."""
+    deployed = manage("deploy_workflow", "approval", str(files["approval.wasm"]))
+    assert (deployed.returncode, deployed.stdout.strip()) == (0, "1"), deployed.stderr
+    started = manage("start_workflow", "approval", "--input", "[1, 2]")
+    assert started.returncode == 0, started.stderr
+    run_id = last_line(started.stdout)
+    worked = manage("runworker", "--burst", "--concurrency", "1")
+    assert worked.returncode == 0, worked.stderr
+    assert "processed 1 segment(s)" in worked.stdout
+    signalled = manage("signal_workflow", run_id, "go", "--payload", '"yes"')
+    assert signalled.returncode == 0, signalled.stderr
+    worked = manage("runworker", "--burst", "--concurrency", "1")
+    assert worked.returncode == 0, worked.stderr
+    shown = manage("show_workflow", run_id)
+    assert shown.returncode == 0, shown.stderr
+    summary = json.loads(shown.stdout)
+    assert (summary["id"], summary["status"], summary["error"]) == (run_id, "done", None)
+    assert json.loads(summary["result"]) == [[0, '{"name":"go","payload":"yes"}']]
+    for process in (deployed, started, worked, signalled, shown):
+        assert "Traceback" not in process.stderr
+
+
+def test_create_tenant_and_work_in_it(tenant: Tenant, files: dict[str, Path]) -> None:
+    """A tenant created by the command gets its own definitions and runs; the default
+    tenant does not see them."""
+    out, _ = run("create_tenant", "acme")
+    acme = Tenant.objects.get(id=last_line(out))
+    assert acme.name == "acme"
+    out, _ = run("deploy_workflow", "approval", str(files["approval.wasm"]), "--tenant", "acme")
+    assert out.strip() == "1"
+    out, _ = run("start_workflow", "approval", "--tenant", str(acme.id))
+    run_id = last_line(out)
+    assert show(run_id, "--tenant", "acme")["status"] == "ready"
+    with pytest.raises(CommandError, match=f"no workflow run {run_id}"):
+        run("show_workflow", run_id)
+    with pytest.raises(CommandError, match="no workflow definition named 'approval'"):
+        run("start_workflow", "approval")
+    with tenant_context(tenant.id):
+        assert not WorkflowDefinition.objects.filter(tenant_id=tenant.id).exists()
+
+
+# --- bad input -----------------------------------------------------------------------------------
+
+
+@pytest.fixture
+def world(tenant: Tenant, other_tenant: Tenant, files: dict[str, Path]) -> dict[str, str]:
+    """``approval`` v1 deployed; a finished run; a run of the other tenant."""
+    env = DatabaseWorkflowEnvironment(tenant)
+    other = DatabaseWorkflowEnvironment(other_tenant)
+    try:
+        env.deploy("approval", files["approval.wasm"].read_bytes())
+        env.deploy("quick", Wat().run("(call $finish)").wasm())
+        done = env.run("quick")
+        assert env.status(done) == Status.DONE
+        other.deploy("approval", files["approval.wasm"].read_bytes())
+        theirs = other.start("approval")
+    finally:
+        env.close()
+        other.close()
+    names = {name.replace(".", "_"): str(path) for name, path in files.items()}
+    return {**names, "done": done, "theirs": theirs, "unknown": str(uuid.uuid4())}
+
+
+BAD_INPUT: dict[str, tuple[tuple[str, ...], str]] = {
+    "unknown definition": (("start_workflow", "nope"), "no workflow definition named 'nope'"),
+    "unknown version": (
+        ("start_workflow", "approval", "--version", "9"),
+        "approval has no version 9",
+    ),
+    "input not JSON": (
+        ("start_workflow", "approval", "--input", "[1, 2"),
+        "--input is not valid JSON",
+    ),
+    "unknown tenant (start)": (
+        ("start_workflow", "approval", "--tenant", "ghost"),
+        "unknown tenant 'ghost'",
+    ),
+    "unknown tenant (deploy)": (
+        ("deploy_workflow", "approval", "{approval_wasm}", "--tenant", "ghost"),
+        "unknown tenant 'ghost'",
+    ),
+    "unknown tenant (signal)": (
+        ("signal_workflow", "{done}", "go", "--tenant", "ghost"),
+        "unknown tenant 'ghost'",
+    ),
+    "unknown tenant (show)": (("show_workflow", "{done}", "--tenant", "ghost"), "ghost"),
+    "invalid wasm": (
+        ("deploy_workflow", "approval", "{garbage_wasm}"),
+        "failed to parse WebAssembly module",
+    ),
+    "not wasm at all": (
+        ("deploy_workflow", "approval", "{text_wasm}"),
+        "not a WebAssembly binary",
+    ),
+    "invalid wat": (("deploy_workflow", "approval", "{broken_wat}"), "is not valid WAT"),
+    "missing file": (
+        ("deploy_workflow", "approval", "{missing_wasm}"),
+        "cannot read {missing_wasm}: No such file or directory",
+    ),
+    "duplicate version": (
+        ("deploy_workflow", "approval", "{approval_wasm}", "--version", "1"),
+        "approval version 1 is already deployed (version)",
+    ),
+    "bad definition name": (
+        ("deploy_workflow", "no spaces allowed", "{approval_wasm}"),
+        "name 'no spaces allowed' is not a valid name",
+    ),
+    "signal a finished run": (
+        ("signal_workflow", "{done}", "go"),
+        "run {done} is done; it cannot receive signals",
+    ),
+    "signal payload not JSON": (
+        ("signal_workflow", "{done}", "go", "--payload", "yes"),
+        "--payload is not valid JSON",
+    ),
+    "signal an unknown run": (("signal_workflow", "{unknown}", "go"), "no workflow run {unknown}"),
+    "signal another tenant's run": (
+        ("signal_workflow", "{theirs}", "go"),
+        "no workflow run {theirs}",
+    ),
+    "show an unknown run": (("show_workflow", "{unknown}"), "no workflow run {unknown}"),
+    "show an invalid run id": (("show_workflow", "not-a-uuid"), "no workflow run 'not-a-uuid'"),
+    "show another tenant's run": (("show_workflow", "{theirs}"), "no workflow run {theirs}"),
+    "duplicate tenant": (("create_tenant", "other"), "Tenant with this Name already exists"),
+    "bad tenant name": (("create_tenant", "no spaces"), "name:"),
+    "worker without queues": (("runworker", "--burst", "--queues", ","), "--queues needs"),
+    "worker without threads": (
+        ("runworker", "--burst", "--concurrency", "0"),
+        "--concurrency must be at least 1",
+    ),
+}
+
+
+def test_bad_input_is_a_command_error_naming_the_problem(
+    tenant: Tenant, world: dict[str, str], subtests: pytest.Subtests
+) -> None:
+    """Each case raises CommandError naming the problem; afterwards nothing was stored: no
+    version deployed, no run started, no signal delivered."""
+    for case, (args, expected) in BAD_INPUT.items():
+        with subtests.test(case):
+            with pytest.raises(CommandError) as caught:
+                run(*(a.format(**world) for a in args))
+            assert expected.format(**world) in str(caught.value)
+    with tenant_context(tenant.id):
+        versions = WorkflowDefinition.objects.filter(tenant_id=tenant.id).values_list(
+            "name", "version"
+        )
+        assert sorted(versions) == [("approval", 1), ("quick", 1)]
+        runs = WorkflowInstance.objects.filter(tenant_id=tenant.id).values_list("id", flat=True)
+        assert list(runs) == [uuid.UUID(world["done"])]
+        assert not Signal.objects.exists()
+    assert sorted(Tenant.objects.values_list("name", flat=True)) == ["default", "other"]
+
+
+SUBPROCESS_CASES = (
+    "input not JSON",
+    "unknown tenant (start)",
+    "invalid wasm",
+    "signal a finished run",
+    "show an invalid run id",
+)
+
+
+def test_bad_input_exits_non_zero_without_a_traceback(world: dict[str, str]) -> None:
+    for case in SUBPROCESS_CASES:
+        args, expected = BAD_INPUT[case]
+        done = manage(*(a.format(**world) for a in args))
+        assert done.returncode != 0, case
+        assert expected.format(**world) in done.stderr, (case, done.stderr)
+        assert "Traceback" not in done.stderr, (case, done.stderr)
+        assert done.stderr.startswith("CommandError: "), (case, done.stderr)

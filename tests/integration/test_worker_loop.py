@@ -1,0 +1,272 @@
+"""The dispatch worker's loop survives what it meets: workflows that trap or fail, a
+definition whose stored bytes are garbage, a database error in the loop itself; it stops
+gracefully (a running segment finishes first); ``runworker --burst`` exits 0 when nothing
+is due; ``--require-rls`` refuses a connection that bypasses row-level security.
+
+The in-process tests run :class:`workflows.worker.Worker` on every database the suite is
+pointed at; the command tests run ``manage.py runworker`` as a subprocess against the same
+test database.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import threading
+import time
+from collections.abc import Iterator
+from datetime import timedelta
+from typing import Any
+
+import pytest
+from django.db import OperationalError, connection
+from django.utils import timezone
+from prometheus_client import REGISTRY
+
+from engine.errors import ErrorCode
+from engine.services import Services
+from tests.fixtures import FakeService
+from tests.fixtures.wat import Wat
+from tests.integration.support.processes import command_env, manage
+from workflows import services, worker
+from workflows.executor import set_services
+from workflows.models import Status, Tenant, WorkflowDefinition, WorkflowInstance
+from workflows.tenancy import tenant_context
+from workflows.worker import Worker, WorkerOptions
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+
+def call_once() -> bytes:
+    w = Wat()
+    w.run(
+        f"""
+    (call $rec (call $durable_call {w.s("svc")} {w.s("echo")} {w.input()}))
+    (call $finish)"""
+    )
+    return w.wasm()
+
+
+def traps() -> bytes:
+    w = Wat()
+    w.run("unreachable")
+    return w.wasm()
+
+
+def fails_permanently() -> bytes:
+    w = Wat()
+    w.run(w.reply(2, "the order was refused"))
+    return w.wasm()
+
+
+@pytest.fixture
+def echo() -> Iterator[FakeService]:
+    service = FakeService({"echo": lambda request: {"echo": request}})
+    set_services(Services.from_settings({"svc": service}))
+    yield service
+    set_services(None)
+
+
+def options(**kw: Any) -> WorkerOptions:
+    # SQLite has one writer: the supported set-up there is a single segment at a time.
+    defaults: dict[str, Any] = {
+        "worker_id": "loop-test",
+        "concurrency": 1 if connection.vendor == "sqlite" else 2,
+        "poll_interval_s": 0.1,
+        "burst": True,
+    }
+    defaults.update(kw)
+    return WorkerOptions(**defaults)
+
+
+def run_burst(**kw: Any) -> int:
+    """Run a burst worker in a thread with a deadline, so a wedged loop fails the test
+    instead of hanging it."""
+    w = Worker(options(**kw))
+    outcome: dict[str, Any] = {}
+
+    def target() -> None:
+        try:
+            outcome["processed"] = w.run()
+        except BaseException as exc:
+            outcome["error"] = exc
+
+    thread = threading.Thread(target=target, name="burst-worker")
+    thread.start()
+    thread.join(timeout=60)
+    if thread.is_alive():
+        w.stop()
+        thread.join(timeout=30)
+        raise AssertionError("the burst worker did not finish within 60s")
+    if "error" in outcome:
+        raise AssertionError(f"the worker loop raised {outcome['error']!r}")
+    return int(outcome["processed"])
+
+
+def start(tenant: Tenant, name: str, input: Any = None) -> str:
+    instance, _ = services.start_workflow(tenant, name, json.dumps(input))
+    return str(instance.id)
+
+
+def row(tenant: Tenant, run_id: str) -> WorkflowInstance:
+    with tenant_context(tenant.id):
+        return WorkflowInstance.objects.get(id=run_id)
+
+
+def result(tenant: Tenant, run_id: str) -> Any:
+    found = row(tenant, run_id)
+    assert found.status == Status.DONE, f"{found.status}: {found.error_code} {found.error}"
+    return json.loads(found.result)
+
+
+def test_trapping_and_failing_workflows_do_not_stop_the_loop(
+    tenant: Tenant, echo: FakeService
+) -> None:
+    """A guest trap and an entry point returning PERMANENT fail their own runs (with their
+    codes); the runs queued around them complete."""
+    services.deploy_definition(tenant, "good", call_once())
+    services.deploy_definition(tenant, "trap", traps(), retry_max_attempts=1)
+    services.deploy_definition(tenant, "refuse", fails_permanently())
+    before = start(tenant, "good", {"n": 1})
+    trapped = start(tenant, "trap")
+    refused = start(tenant, "refuse")
+    after = [start(tenant, "good", {"n": n}) for n in (2, 3)]
+
+    assert run_burst() == 5
+    for n, run in enumerate([before, *after], start=1):
+        assert result(tenant, run) == [[0, json.dumps({"echo": {"n": n}}, separators=(",", ":"))]]
+    trap_row = row(tenant, trapped)
+    # A trap may succeed on another attempt; with one attempt allowed it is dead-lettered.
+    assert (trap_row.status, trap_row.error_code) == (Status.DEAD_LETTERED, ErrorCode.PANIC)
+    assert "unreachable" in trap_row.error
+    refused_row = row(tenant, refused)
+    assert (refused_row.status, refused_row.error_code) == (Status.FAILED, ErrorCode.PERMANENT)
+    assert refused_row.error == "the order was refused"
+    assert echo.ops() == ["echo"] * 3
+
+
+def test_garbage_module_bytes_fail_that_run_without_stopping_the_loop(
+    tenant: Tenant, echo: FakeService
+) -> None:
+    """A definition row whose stored bytes were corrupted after deployment (and so are in
+    no module cache) fails its run with ``invalid_module``; other runs complete."""
+    services.deploy_definition(tenant, "victim", call_once())
+    services.deploy_definition(tenant, "good", fails_permanently())
+    garbage = b"\x00asm\x01\x00\x00\x00 this is not a module"
+    with tenant_context(tenant.id):
+        WorkflowDefinition.objects.filter(tenant_id=tenant.id, name="victim").update(
+            wasm=garbage, sha256=hashlib.sha256(garbage).hexdigest()
+        )
+    victim = start(tenant, "victim", {"n": 1})
+    other = start(tenant, "good")
+
+    assert run_burst() == 2
+    found = row(tenant, victim)
+    assert (found.status, found.error_code) == (Status.FAILED, ErrorCode.INVALID_MODULE)
+    assert found.error
+    assert row(tenant, other).error_code == ErrorCode.PERMANENT
+    assert echo.calls == []
+
+
+def test_a_database_error_in_the_loop_is_logged_and_the_loop_recovers(
+    tenant: Tenant, echo: FakeService, monkeypatch: pytest.MonkeyPatch, caplog: Any
+) -> None:
+    calls = []
+    real_claim = worker.claim_ready_instances
+
+    def flaky_claim(*args: Any, **kw: Any) -> Any:
+        calls.append(args)
+        if len(calls) == 1:
+            raise OperationalError("server closed the connection unexpectedly")
+        return real_claim(*args, **kw)
+
+    monkeypatch.setattr(worker, "claim_ready_instances", flaky_claim)
+    services.deploy_definition(tenant, "good", call_once())
+    run = start(tenant, "good", {"n": 7})
+    errors_before = REGISTRY.get_sample_value("cleat_worker_loop_errors_total") or 0.0
+
+    with caplog.at_level(logging.INFO, logger="cleat.worker"):
+        assert run_burst() == 1
+    assert result(tenant, run) == [[0, '{"echo":{"n":7}}']]
+    assert len(calls) >= 2
+    loop_errors = [r for r in caplog.records if "event=worker_loop_error" in r.getMessage()]
+    assert len(loop_errors) == 1
+    assert loop_errors[0].exc_info is not None
+    assert "server closed the connection" in str(loop_errors[0].exc_info[1])
+    assert REGISTRY.get_sample_value("cleat_worker_loop_errors_total") == errors_before + 1
+
+
+def test_stop_while_a_segment_runs_lets_it_finish_then_exits(tenant: Tenant) -> None:
+    """``stop()`` (what SIGTERM calls) while a segment is inside a slow call: no new claim,
+    the segment completes and is persisted, then ``run()`` returns."""
+    entered, go = threading.Event(), threading.Event()
+
+    def slow(request: Any) -> Any:
+        entered.set()
+        assert go.wait(timeout=30), "the test never let the call finish"
+        return {"slow": request}
+
+    set_services(Services.from_settings({"svc": FakeService({"echo": slow})}))
+    try:
+        services.deploy_definition(tenant, "good", call_once())
+        first = start(tenant, "good", {"n": 1})
+        second = start(tenant, "good", {"n": 2})
+        w = Worker(options(concurrency=1, burst=False))
+        returned: list[int] = []
+        thread = threading.Thread(target=lambda: returned.append(w.run()), name="stop-worker")
+        thread.start()
+        try:
+            assert entered.wait(timeout=30), "the worker never started the segment"
+            w.stop()
+            time.sleep(0.5)
+            assert thread.is_alive(), "run() returned under a running segment"
+        finally:
+            go.set()
+            thread.join(timeout=30)
+        assert not thread.is_alive(), "the worker did not exit after its segment finished"
+    finally:
+        set_services(None)
+    assert returned == [1]
+    assert result(tenant, first) == [[0, '{"slow":{"n":1}}']]
+    untouched = row(tenant, second)
+    assert (untouched.status, untouched.generation) == (Status.READY, 0)
+
+
+def test_runworker_burst_exits_zero_when_nothing_is_due(tenant: Tenant) -> None:
+    """Nothing due (one run due in an hour, one on a queue the worker does not serve): the
+    burst worker exits 0 at once and touches neither."""
+    services.deploy_definition(tenant, "good", call_once())
+    later = start(tenant, "good")
+    with tenant_context(tenant.id):
+        WorkflowInstance.objects.filter(id=later).update(
+            next_wake_at=timezone.now() + timedelta(hours=1)
+        )
+    elsewhere, _ = services.start_workflow(tenant, "good", "null", task_queue="elsewhere")
+
+    started = time.monotonic()
+    done = manage(["runworker", "--burst"], command_env(), timeout=60)
+    assert done.returncode == 0, done.stderr
+    assert "processed 0 segment(s)" in done.stdout
+    assert time.monotonic() - started < 30
+    for run in (later, str(elsewhere.id)):
+        found = row(tenant, run)
+        assert (found.status, found.generation) == (Status.READY, 0)
+
+
+@pytest.mark.postgres_only
+def test_require_rls_refuses_the_superuser_and_starts_as_the_app_role(tenant: Tenant) -> None:
+    assert connection.vendor == "postgresql", "run with CLEAT_TEST_DB=postgres"
+    # The suite migrates as the server's superuser ``postgres`` (CLEAT_TEST_POSTGRES_URL).
+    refused = manage(
+        ["runworker", "--burst", "--require-rls"], command_env(db_user="postgres"), timeout=60
+    )
+    assert refused.returncode != 0
+    assert "superuser" in refused.stderr, refused.stderr
+    assert "worker_started" not in refused.stderr
+
+    accepted = manage(["runworker", "--burst", "--require-rls"], command_env(), timeout=60)
+    assert accepted.returncode == 0, accepted.stderr
+    assert "event=worker_started" in accepted.stderr
+    assert "superuser" not in accepted.stderr
+    assert "processed 0 segment(s)" in accepted.stdout

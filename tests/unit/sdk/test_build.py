@@ -1,0 +1,160 @@
+"""Building a workflow module: what goes into the cache key, and errors in the app's terms."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import pytest
+from cleat_workflow import build
+from cleat_workflow.build import BuildError, build_component, build_key, source_files
+
+# What componentize-py 0.25 prints when the app fails to import at build time: the
+# console script's traceback, the guest's (paths are its numbered search directories), then
+# the Rust error chain and backtrace.
+COMPONENTIZE_OUTPUT = """\
+Traceback (most recent call last):
+  File "/venv/bin/componentize-py", line 6, in <module>
+    sys.exit(script())
+             ^^^^^^^^
+AssertionError: Traceback (most recent call last):
+  File "/0/cleat_entry__.py", line 3, in <module>
+    import app  # noqa: F401
+    ^^^^^^^^^^
+  File "/1/app.py", line 4, in <module>
+    import helper
+  File "/1/helper.py", line 1
+    def f(:
+          ^
+SyntaxError: invalid syntax
+
+
+Caused by:
+    SyntaxError: invalid syntax (helper.py, line 1)
+
+Stack backtrace:
+   0: <anyhow::Error>::msg::<alloc::string::String>
+   1: anyhow::__private::format_err
+  10: cfunction_vectorcall_NOARGS
+             at /tmp/python-build/Python-3.11.7/Objects/methodobject.c:486:24
+"""
+
+
+def write(directory: Path, files: dict[str, str]) -> None:
+    for name, text in files.items():
+        path = directory / name
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(text)
+
+
+def test_sources_are_the_app_and_its_local_imports(tmp_path: Path) -> None:
+    write(
+        tmp_path,
+        {
+            "app.py": "import json\nimport helper\nfrom pkg.sub import thing\n",
+            "helper.py": "from shared import x\n",
+            "shared.py": "x = 1\n",
+            "pkg/__init__.py": "",
+            "pkg/sub.py": "thing = 2\n",
+            "unrelated.py": "y = 3\n",
+        },
+    )
+    found = [p.relative_to(tmp_path).as_posix() for p in source_files(tmp_path / "app.py")]
+    assert found == ["app.py", "helper.py", "pkg/__init__.py", "pkg/sub.py", "shared.py"]
+
+
+def test_the_key_follows_the_sources_not_their_directory(tmp_path: Path) -> None:
+    files = {"app.py": "import helper\n", "helper.py": "x = 1\n", "notes.py": "n = 1\n"}
+    one, two = tmp_path / "one", tmp_path / "two"
+    write(one, files)
+    write(two, files)
+    key = build_key(one / "app.py", source_files(one / "app.py"))
+    assert build_key(two / "app.py", source_files(two / "app.py")) == key
+    (two / "notes.py").write_text("n = 2\n")
+    assert build_key(two / "app.py", source_files(two / "app.py")) == key
+    (two / "helper.py").write_text("x = 2\n")
+    assert build_key(two / "app.py", source_files(two / "app.py")) != key
+
+
+def test_the_key_covers_the_sdk_and_the_wit_world(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    write(tmp_path, {"app.py": "x = 1\n"})
+    app = tmp_path / "app.py"
+    key = build_key(app, source_files(app))
+    monkeypatch.setattr(build, "RECIPE_VERSION", build.RECIPE_VERSION + 1)
+    assert build_key(app, source_files(app)) != key
+    monkeypatch.undo()
+    monkeypatch.setattr(build, "componentize_py_version", lambda: "0.0.0")
+    assert build_key(app, source_files(app)) != key
+    wit = tmp_path / "wit"
+    wit.mkdir()
+    (wit / "workflow.wit").write_text("package x:y;\n")
+    monkeypatch.setattr(build, "WIT_DIR", wit)
+    assert build_key(app, source_files(app)) != key
+
+
+def test_componentize_py_output_becomes_a_python_error_with_real_paths(tmp_path: Path) -> None:
+    generated, app_dir, sdk = tmp_path / "gen", tmp_path / "src", tmp_path / "sdk"
+    message = build.readable_error(COMPONENTIZE_OUTPUT, [generated, app_dir, sdk], generated)
+    lines = message.splitlines()
+    assert lines[0] == f"{app_dir / 'helper.py'}:1: SyntaxError: invalid syntax"
+    assert f'  File "{app_dir / "app.py"}", line 4, in <module>' in lines
+    assert "cleat_entry__" not in message, "the generated entry module is not the app's"
+    assert "Stack backtrace" not in message and "anyhow" not in message
+
+
+def test_a_non_python_failure_keeps_the_error_chain_without_the_backtrace() -> None:
+    output = (
+        "Error: world `nope` not found\n\nCaused by:\n    no such world\n\n"
+        "Stack backtrace:\n   0: x\n"
+    )
+    message = build.readable_error(output, [], Path("/gen"))
+    assert message.startswith("componentize-py failed:")
+    assert "no such world" in message and "0: x" not in message
+
+
+def test_an_app_that_is_not_a_python_module_is_refused(tmp_path: Path) -> None:
+    (tmp_path / "app.txt").write_text("")
+    with pytest.raises(BuildError, match=r"is a \.py file"):
+        build_component(tmp_path / "app.txt")
+    (tmp_path / "wit_world.py").write_text("")
+    with pytest.raises(BuildError, match="cannot be used"):
+        build_component(tmp_path / "wit_world.py")
+
+
+def test_a_syntax_error_is_reported_at_its_line_and_the_failure_is_cached(
+    tmp_path: Path,
+) -> None:
+    """A real componentize-py run on a module with a syntax error in a local import: the
+    message starts with ``helper.py:2: SyntaxError``. The same inputs fail again at once
+    from the cache, with this checkout's paths."""
+    write(
+        tmp_path / "first",
+        {
+            "broken_app.py": "from cleat_workflow import workflow\nimport broken_helper\n",
+            "broken_helper.py": "x = 1\ndef f(:\n    pass\n",
+        },
+    )
+    with pytest.raises(BuildError) as first:
+        build_component(tmp_path / "first" / "broken_app.py")
+    headline = str(first.value).splitlines()[0]
+    assert headline.startswith(f"{tmp_path / 'first' / 'broken_helper.py'}:2: SyntaxError")
+
+    write(
+        tmp_path / "second",
+        {p.name: p.read_text() for p in (tmp_path / "first").glob("*.py")},
+    )
+    started = time.monotonic()
+    with pytest.raises(BuildError) as again:
+        build_component(tmp_path / "second" / "broken_app.py")
+    assert time.monotonic() - started < 2, "the cached failure was built again"
+    assert str(again.value).startswith(f"{tmp_path / 'second' / 'broken_helper.py'}:2:")
+
+
+def test_sdk_operations_outside_a_component_say_so() -> None:
+    from cleat_workflow import Context
+    from cleat_workflow._host import OutsideWorkflow
+
+    with pytest.raises(OutsideWorkflow, match="build_workflow"):
+        Context("run").call("shop", "price")

@@ -1,0 +1,38 @@
+"""Routes of the REST API (``/api/v1/``), its schema and docs, and the operations
+endpoints. No trailing slashes: ``POST /api/v1/workflows/<run>/signal``."""
+
+from __future__ import annotations
+
+from django.urls import include, path, re_path
+from drf_spectacular.views import SpectacularAPIView, SpectacularSwaggerView
+from rest_framework.routers import SimpleRouter
+
+from workflows.api.errors import not_found_view
+from workflows.api.health import HealthView, MetricsView
+from workflows.api.views import (
+    NAME_REGEX,
+    DefinitionVersionViewSet,
+    DefinitionViewSet,
+    PromiseViewSet,
+    WorkflowViewSet,
+)
+
+router = SimpleRouter(trailing_slash=False)
+router.register("definitions", DefinitionViewSet, basename="definition")
+router.register(
+    rf"definitions/(?P<name>{NAME_REGEX})/versions",
+    DefinitionVersionViewSet,
+    basename="definition-version",
+)
+router.register("workflows", WorkflowViewSet, basename="workflow")
+router.register("promises", PromiseViewSet, basename="promise")
+
+urlpatterns = [
+    path("api/v1/", include(router.urls)),
+    path("api/schema/", SpectacularAPIView.as_view(), name="api-schema"),
+    path("api/docs/", SpectacularSwaggerView.as_view(url_name="api-schema"), name="api-docs"),
+    # Anything else under /api/ is a JSON 404, whatever DEBUG says.
+    re_path(r"^api/", not_found_view),
+    path("healthz", HealthView.as_view(), name="healthz"),
+    path("metrics", MetricsView.as_view(), name="metrics"),
+]
