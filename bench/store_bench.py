@@ -480,6 +480,8 @@ def pgbench_inserts(server: Server, db: str, seconds: int, workdir: Path) -> flo
 def _statement_kind(sql: str) -> str:
     text = " ".join(sql.split())
     head = text[:80].upper()
+    if "SET_CONFIG" in head and "WITH FENCE" in text.upper():
+        return "set_config + fenced append (one message)"
     if "SET_CONFIG" in head:
         return "set_config (tenant)"
     if "CLAIM_INSTANCES" in head:
@@ -613,7 +615,8 @@ def print_table(
     print("\n== store benchmark: results")
     print(
         f"   machine: {os.cpu_count()} cores, {platform.python_implementation()} "
-        f"{platform.python_version()}, PostgreSQL {_server_version()}"
+        f"{platform.python_version()}, PostgreSQL {_server_version()}, "
+        f"load average now {_load()}"
     )
     head = (
         f"   {'system':7} {'proc':>4} {'conc':>4} {'wall s':>7} {'steps/s':>8} "
@@ -668,6 +671,14 @@ def print_table(
 
 
 _SERVER_VERSION = "?"
+
+
+def _load() -> str:
+    """The 1/5/15-minute load average: other processes on the machine skew every figure."""
+    try:
+        return "/".join(f"{x:.1f}" for x in os.getloadavg())
+    except OSError:
+        return "n/a"
 
 
 def _server_version() -> str:
@@ -750,7 +761,7 @@ def main(argv: Sequence[str] | None = None) -> None:
         f"store benchmark: {args.workflows} workflows x {args.steps} steps; worker processes "
         f"{processes}, concurrency {args.concurrency}, conn_max_age {args.conn_max_age}; "
         f"synchronous_commit={server.setting('synchronous_commit')}, "
-        f"fsync={server.setting('fsync')}; logs in {logdir}"
+        f"fsync={server.setting('fsync')}; load average {_load()}; logs in {logdir}"
     )
     cleat_runs: list[Throughput] = []
     dbos_runs: list[Throughput] = []
@@ -771,13 +782,14 @@ def main(argv: Sequence[str] | None = None) -> None:
                     f"cleat  {n} proc x {args.concurrency}: {t.wall_s:.2f} s, "
                     f"{t.steps_per_s:.0f} steps/s, {t.workflows_per_s:.1f} wf/s "
                     f"(from first claim: {t.busy_steps_per_s:.0f} steps/s) "
-                    f"{'ok' if t.ok else 'FAILED ' + t.note}",
+                    f"{'ok' if t.ok else 'FAILED ' + t.note} [load {_load()}]",
                     flush=True,
                 )
         if "latency" in parts and args.latency_runs > 0:
             latency = cleat_latency(cleat, args.latency_runs, args.concurrency)
             print(
-                f"cleat  latency: p50 {latency.pct(50):.2f} ms, p99 {latency.pct(99):.2f} ms",
+                f"cleat  latency: p50 {latency.pct(50):.2f} ms, p99 {latency.pct(99):.2f} ms "
+                f"[load {_load()}]",
                 flush=True,
             )
         if "dbos" in parts:
@@ -797,12 +809,13 @@ def main(argv: Sequence[str] | None = None) -> None:
                 print(
                     f"dbos   {n} proc x {conc}: {t.wall_s:.2f} s, {t.steps_per_s:.0f} steps/s, "
                     f"{t.workflows_per_s:.1f} wf/s (from first start: "
-                    f"{t.busy_steps_per_s:.0f} steps/s) {'ok' if t.ok else 'FAILED ' + t.note}",
+                    f"{t.busy_steps_per_s:.0f} steps/s) {'ok' if t.ok else 'FAILED ' + t.note} "
+                    f"[load {_load()}]",
                     flush=True,
                 )
         if "pgbench" in parts:
             pgbench = pgbench_inserts(server, names["pgbench"], args.pgbench_seconds, logdir)
-            print(f"pgbench: {pgbench:.0f} single-client INSERT tps", flush=True)
+            print(f"pgbench: {pgbench:.0f} single-client INSERT tps [load {_load()}]", flush=True)
     if cleat_runs or dbos_runs or latency or pgbench:
         print_table(cleat_runs, dbos_runs, latency, pgbench)
     if not args.keep:

@@ -173,19 +173,24 @@ def deliver(
     """Deliver ``instant`` under the overlap policy (``policy`` overrides the schedule's).
     May start a buffered instant as well; returns every delivery made."""
     policy = policy or schedule.overlap_policy
+    if policy == OverlapPolicy.ALLOW and not schedule.buffered_count:
+        return [_start(schedule, tenant, instant, now)]  # nothing to look at
     going = store.active_runs(schedule)
     if policy in (OverlapPolicy.BUFFER_ONE, OverlapPolicy.BUFFER_ALL):
+        made: list[Delivery] = []
+        if not going and schedule.buffered_count:
+            # The previous run ended and no tick has released the buffer yet: its oldest
+            # instant starts first and this one queues behind it.
+            made = release_buffered(schedule, tenant, now)
         queue = list(schedule.buffered_instants or [])
-        if not going and not queue:
+        if not going and not made and not queue:
             return [_start(schedule, tenant, instant, now)]
         if policy == OverlapPolicy.BUFFER_ONE and queue:
-            made = [Delivery(instant, "dropped")]
+            made.append(Delivery(instant, "dropped"))
         else:
             queue.append(instant.astimezone(UTC).isoformat())
             _save_queue(schedule, queue)
-            made = [Delivery(instant, "buffered")]
-        if not going:
-            made += release_buffered(schedule, tenant, now)
+            made.append(Delivery(instant, "buffered"))
         return made
     replaced: tuple[uuid.UUID, ...] = ()
     if going:
@@ -371,7 +376,7 @@ def _handle_in_tenant(
         else:
             report.contended += 1
         return
-    tenant = Tenant.objects.get(id=row.tenant_id)
+    tenant = Tenant(id=row.tenant_id)  # the services need its id only
     if schedule.pause_on_failure and _paused_for_failure(schedule, now):
         report.disabled += 1
         return

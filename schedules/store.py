@@ -171,14 +171,16 @@ def advance(schedule: Schedule, expected: datetime | None, **changes: Any) -> bo
 def active_runs(schedule: Schedule) -> list[WorkflowInstance]:
     """Runs of the schedule's last run's workflow id (following continue-as-new) that are
     still going: ready, running or paused."""
-    workflow_id = _last_workflow_id(schedule)
-    if workflow_id is None:
+    if schedule.last_run_id is None:
         return []
+    last_workflow = WorkflowInstance.objects.filter(
+        tenant_id=schedule.tenant_id, id=schedule.last_run_id
+    ).values("workflow_id")
     return list(
         WorkflowInstance.objects.filter(
-            tenant_id=schedule.tenant_id, workflow_id=workflow_id, status__in=_ACTIVE
+            tenant_id=schedule.tenant_id, workflow_id__in=last_workflow, status__in=_ACTIVE
         )
-        .defer("input", "result", "query_state", "compaction_state")
+        .only("id", "status", "workflow_id", "created_at")
         .order_by("created_at")
     )
 

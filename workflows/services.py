@@ -36,7 +36,7 @@ from workflows.models import (
     name_validator,
 )
 from workflows.store import wake
-from workflows.store.lifecycle import close_instance, terminate_instance
+from workflows.store.lifecycle import close_instance, forget_failed_call, terminate_instance
 from workflows.tenancy import tenant_context
 
 MAX_PAYLOAD_BYTES = 1024 * 1024
@@ -426,7 +426,15 @@ def retry_workflow(
                 f"only failed or dead-lettered runs can be retried; {run_id} is {instance.status}",
                 "run_id",
             )
-        _audit(tenant, instance, "retry", operator, reason, {"error_code": instance.error_code})
+        forgotten = forget_failed_call(instance)
+        _audit(
+            tenant,
+            instance,
+            "retry",
+            operator,
+            reason,
+            {"error_code": instance.error_code, "forgotten_step": forgotten},
+        )
         _reopen(instance)
     return instance
 

@@ -23,9 +23,10 @@ def demo_wasm() -> bytes:
 def signal_waiter() -> bytes:
     """Publishes query state "stage", waits up to an hour for "go", returns the transcript."""
     w = Wat()
+    stage = w.js({"at": "waiting", "api_token": "t0ps3cret"})
     w.run(
         f"""
-    (drop (call $set_query_state {w.s("stage")} {w.js({"at": "waiting", "api_token": "t0ps3cret"})}))
+    (drop (call $set_query_state {w.s("stage")} {stage}))
     (call $rec (call $durable_await_signals {w.js(["go"])} (i64.const 3600000)))
     (call $finish)"""
     )

@@ -163,8 +163,9 @@ def test_another_tenants_key_reaches_nothing(tenant: Tenant, other: dict[str, An
     assert mine.get("/api/v1/workflows", {"search": "boom"}).json()["results"] == []
     assert mine.get("/api/v1/definitions").json()["results"] == []
     assert mine.get("/api/v1/definitions/stale", {"purge_after_days": 0}).json() == []
-    gc = mine.post("/api/v1/definitions/gc", {"dry_run": False, "min_versions_to_keep": 0,
-                                             "max_age_days": 0})
+    gc = mine.post(
+        "/api/v1/definitions/gc", {"dry_run": False, "min_versions_to_keep": 0, "max_age_days": 0}
+    )
     assert gc.json() == {"dry_run": False, "removed": [], "skipped": [], "runs_deleted": 0}
     # Starting a run by B's definition name, or with B's idempotency key, never touches B.
     assert mine.start("shared-name").status_code == 400
@@ -175,9 +176,7 @@ def test_another_tenants_key_reaches_nothing(tenant: Tenant, other: dict[str, An
     assert snapshot(other["tenant"]) == before
 
 
-def test_the_owning_tenants_key_reaches_all_of_it(
-    tenant: Tenant, other: dict[str, Any]
-) -> None:
+def test_the_owning_tenants_key_reaches_all_of_it(tenant: Tenant, other: dict[str, Any]) -> None:
     """The positive control: the same requests with B's key succeed (or conflict on state)."""
     theirs = Api(key_for(other["tenant"], Role.ADMIN))
     before = snapshot(other["tenant"])

@@ -31,7 +31,9 @@ def walkthrough_blocks() -> list[str]:
     return blocks
 
 
-def test_the_documented_walkthrough_runs(live_server: object, tenant: Tenant, tmp_path: Path) -> None:
+def test_the_documented_walkthrough_runs(
+    live_server: object, tenant: Tenant, tmp_path: Path
+) -> None:
     cache.clear()
     key = key_for(tenant, Role.ADMIN, "walkthrough")
     script = "set -euo pipefail\n" + "\n".join(
@@ -67,6 +69,8 @@ def test_the_documented_walkthrough_runs(live_server: object, tenant: Tenant, tm
     assert '"name": "demo-order"' in out, report
     assert re.search(r"^run [0-9a-f-]{36}$", out, re.MULTILINE), report
     assert '{"name":"paid","payload":{"amount":12}}' in out, report
-    assert re.search(r'\{"status":"done","result":\{"charged":12,"receipt":"[^"]+"\}\}', out), report
+    assert re.search(r'\{"status":"done","result":\{"charged":12,"receipt":"[^"]+"\}\}', out), (
+        report
+    )
     assert "call(demo, reserve" in out and "await_signals" in out, report
     assert '"code":"conflict"' in out and "cannot receive signals" in out, report

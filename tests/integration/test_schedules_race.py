@@ -34,7 +34,7 @@ INSTANTS = 4
 PROCESSES = 3
 T0 = datetime(2031, 1, 6, 12, 0, tzinfo=UTC)
 
-# One scheduler process: ticks in a loop at the shared virtual times (argv: T0, start, n, slot).
+# One scheduler process (argv: T0, a folder for the start barrier, its name, instants).
 SCHEDULER = """
 import sys, time
 from datetime import datetime, timedelta

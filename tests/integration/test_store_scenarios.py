@@ -414,3 +414,51 @@ def test_durable_send_is_delivered_by_the_worker_with_the_steps_key(make_env: An
     assert [c.operation for c in mail.calls] == ["send", "send"]
     assert len({c.idempotency_key for c in mail.calls}) == 1
     assert mail.calls[0].idempotency_key == row.idempotency_key
+
+
+def call_or_fail() -> Wat:
+    w = Wat()
+    w.run(
+        f"""
+    (local.set $r (call $durable_call {w.s("flaky")} {w.s("go")} {w.js({})}))
+    (if (result i64) (i32.ne (call $status (local.get $r)) (i32.const 0))
+      (then {w.reply(1, "the call failed")})
+      (else (call $rec (local.get $r)) (call $finish)))""",
+        locals="$r i64",
+    )
+    return w
+
+
+def test_an_automatic_retry_makes_the_failed_call_again(make_env: Any) -> None:
+    """A run that failed because its last call failed is retried by calling the service
+    again (same idempotency key), not by replaying the recorded failure."""
+    flaky = FakeService({"go": [RuntimeError("down"), {"ok": True}]})
+    env = make_env({"flaky": flaky})
+    env.deploy("flaky", call_or_fail().wasm())
+    run = env.run("flaky")
+    info = env.describe(run)
+    assert (info["status"], info["error_code"], info["attempt"]) == ("ready", "error", 2)
+    assert info["events"] == 0  # the failed call was forgotten
+    env.advance(seconds=1)
+    assert env.result(run) == [[0, '{"ok":true}']]
+    assert flaky.ops() == ["go", "go"]
+    assert flaky.calls[0].idempotency_key == flaky.calls[1].idempotency_key
+
+
+def test_retry_from_the_dead_letter_queue_makes_the_failed_call_again(make_env: Any) -> None:
+    from workflows import services as svc
+    from workflows.models import WorkflowDefinition
+
+    flaky = FakeService({"go": [RuntimeError("down"), {"ok": True}]})
+    env = make_env({"flaky": flaky})
+    env.deploy("flaky", call_or_fail().wasm())
+    with tenant_context(env.tenant.id):
+        WorkflowDefinition.objects.filter(name="flaky").update(retry_max_attempts=1)
+    run = env.run("flaky")
+    assert env.describe(run)["status"] == "dead_lettered"
+    assert env.describe(run)["events"] == 1  # kept for the operator to see
+    svc.retry_workflow(env.tenant, run, operator="ops", reason="service is back")
+    env.run_until_idle()
+    assert env.result(run) == [[0, '{"ok":true}']]
+    assert flaky.ops() == ["go", "go"]
+    assert [e.TYPE.value for e in env.history(run)] == ["admin_action", "call"]

@@ -1,6 +1,6 @@
 """Cursor pagination (stable under inserts, no COUNT): ``?cursor=`` from a previous page's
-``next``/``previous`` and ``?limit=`` (1-500; events 1-1000). A cursor that does not decode, or whose
-position is not a value of the ordering field, is a 400, never a 500."""
+``next``/``previous`` and ``?limit=`` (1-500; events 1-1000). A cursor that does not decode,
+or whose position is not a value of the ordering field, is a 400, never a 500."""
 
 from __future__ import annotations
 

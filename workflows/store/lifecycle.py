@@ -29,7 +29,7 @@ from django.db.models.functions import Coalesce
 from django.utils import timezone
 
 from engine.errors import ErrorCode, FenceLost
-from engine.events import EncodedEvent
+from engine.events import EncodedEvent, EventType, decode
 from engine.session import Completed, ContinuedAsNew, Failed, SegmentResult, Suspended
 from engine.status import Status as AbiStatus
 from engine.storage import RunRef
@@ -284,6 +284,7 @@ def _fail(instance: WorkflowInstance, outcome: Failed, now: datetime) -> None:
     if outcome.code is ErrorCode.NONDETERMINISM:
         _close(instance, Status.DEAD_LETTERED, now)
     elif outcome.retryable and instance.attempt < definition.retry_max_attempts:
+        forget_failed_call(instance)
         instance.status = Status.READY
         instance.next_wake_at = now + timedelta(seconds=definition.retry_delay_s(instance.attempt))
         instance.waiting_on = {
@@ -296,6 +297,39 @@ def _fail(instance: WorkflowInstance, outcome: Failed, now: datetime) -> None:
         _close(instance, Status.DEAD_LETTERED, now)
     else:
         _close(instance, Status.FAILED, now)
+
+
+# Steps a retry makes again rather than replays: an external call whose failure may not repeat.
+_RETRIED_CALLS = (EventType.CALL, EventType.HEARTBEAT, EventType.FETCH, EventType.PLUGIN_CALL)
+_RETRIED_STATUSES = (
+    AbiStatus.ERROR,
+    AbiStatus.TIMEOUT,
+    AbiStatus.AMBIGUOUS,
+    AbiStatus.RETRIES_EXHAUSTED,
+)
+
+
+def forget_failed_call(instance: WorkflowInstance) -> int | None:
+    """Delete the run's last event when it is an external call that failed retryably.
+
+    Replay is deterministic: a retried run that replayed the recorded failure would fail the
+    same way forever. Forgetting that one step makes the retry call the service again (an
+    automatic retry at the same step, so with the same idempotency key; a retry from the
+    dead-letter queue after the operator's audit event). Returns the forgotten step, if any."""
+    last = WorkflowEvent.objects.filter(instance_id=instance.id).order_by("-step").first()
+    if last is None or last.type_code not in {t.code for t in _RETRIED_CALLS}:
+        return None
+    event = decode(
+        EncodedEvent(last.step, last.type_code, last.timestamp_ms, last.payload, last.checksum)
+    )
+    if getattr(event, "status", AbiStatus.OK) not in _RETRIED_STATUSES or getattr(
+        event, "streaming", False
+    ):
+        return None
+    last.delete()
+    instance.event_count = last.step
+    WorkflowInstance.objects.filter(id=instance.id).update(event_count=last.step)
+    return last.step
 
 
 def _successor(
