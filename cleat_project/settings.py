@@ -137,7 +137,6 @@ REST_FRAMEWORK = {
     ],
     "EXCEPTION_HANDLER": "workflows.api.errors.exception_handler",
     "DEFAULT_SCHEMA_CLASS": "workflows.api.schema.CleatAutoSchema",
-    "UNAUTHENTICATED_USER": None,
 }
 SPECTACULAR_SETTINGS = {
     "TITLE": "cleat API",

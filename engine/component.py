@@ -50,6 +50,7 @@ through ``Linker.instantiate``.
 from __future__ import annotations
 
 import ctypes
+import json
 import logging
 import os
 import tempfile
@@ -623,6 +624,34 @@ def _guest_output(stream: str) -> Callable[[bytes], None]:
 # --- loading -------------------------------------------------------------------------------
 
 
+def _description_path(artifact: Path) -> Path:
+    """Beside a cached artifact: what ``describe`` found, so a disk hit needs no instance."""
+    return artifact.with_suffix(".guest.json")
+
+
+def _description_json(guest: GuestInfo, imports: tuple[str, ...]) -> bytes:
+    data = {
+        "abi_version": guest.abi_version,
+        "entries": list(guest.entries),
+        "handlers": sorted(guest.handlers),
+        "imports": list(imports),
+    }
+    return json.dumps(data).encode()
+
+
+def _read_description(path: Path) -> tuple[GuestInfo, tuple[str, ...]] | None:
+    try:
+        data = json.loads(path.read_bytes())
+        guest = GuestInfo(
+            abi_version=int(data["abi_version"]),
+            entries=tuple(str(e) for e in data["entries"]),
+            handlers=frozenset(str(h) for h in data["handlers"]),
+        )
+        return guest, tuple(str(i) for i in data["imports"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return None  # described again, and written again
+
+
 def _write_atomically(path: Path, data: bytes) -> None:
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
@@ -668,14 +697,10 @@ class ComponentBackend:
                         instance.add_func(name, fn)
         return linker
 
-    def _linker_for(self, component: wc.Component) -> wc.Linker:
+    def _linker_for(self, imports: Sequence[str]) -> wc.Linker:
         """The linker, extended (once) with the deterministic WASI interfaces at the versions
-        this component imports."""
-        wanted = frozenset(
-            name
-            for name in component.type.imports(self.engine)
-            if _unversioned(name) in DETERMINISTIC_WASI
-        )
+        a component imports (``imports``: its import names)."""
+        wanted = frozenset(name for name in imports if _unversioned(name) in DETERMINISTIC_WASI)
         with self._lock:
             if not wanted <= self._wasi_names:
                 names = self._wasi_names | wanted
@@ -712,10 +737,12 @@ class ComponentBackend:
     def load(self, wasm: bytes, sha: str, cache: ModuleCache, path: Path | None) -> LoadedModule:
         """Compile ``wasm`` (or read it from the disk cache at ``path``) and describe it."""
         component: wc.Component | None = None
+        described: tuple[GuestInfo, tuple[str, ...]] | None = None
         if path is not None and path.exists():
             try:
                 component = wc.Component.deserialize_file(self.engine, str(path))
                 cache.disk_hits += 1
+                described = _read_description(_description_path(path))
             except wasmtime.WasmtimeError:
                 log.warning("discarding unreadable cached component %s", path)
                 path.unlink(missing_ok=True)
@@ -734,7 +761,14 @@ class ComponentBackend:
             )
             if path is not None:
                 _write_atomically(path, bytes(component.serialize()))
-        guest, imports = self.describe(component)
+        if described is None:
+            described = self.describe(component)
+            if path is not None:
+                _write_atomically(_description_path(path), _description_json(*described))
+        else:
+            # Checked when the artifact was cached (same sha256): only link what it imports.
+            self._linker_for(described[1])
+        guest, imports = described
         info = ModuleInfo(
             sha256=sha,
             kind="component",
@@ -771,7 +805,7 @@ class ComponentBackend:
             )
         store = self._new_store()
         try:
-            instance = self._linker_for(component).instantiate(store, component)
+            instance = self._linker_for(imports).instantiate(store, component)
             describe = instance.get_func(store, EXPORT_DESCRIBE)
             if describe is None:
                 raise InvalidModule(f"the component does not export {EXPORT_DESCRIBE!r}")

@@ -728,6 +728,10 @@ _TUPLE_FIELDS: dict[type[Event], frozenset[str]] = {
 }
 
 
+# Built once: json.dumps with non-default options constructs an encoder per call.
+_ENCODER = json.JSONEncoder(separators=(",", ":"), ensure_ascii=False)
+
+
 def payload_of(event: Event) -> str:
     cls = type(event)
     defaults = _DEFAULTS[cls]
@@ -736,7 +740,7 @@ def payload_of(event: Event) -> str:
         value = getattr(event, name)
         if value != defaults[name]:
             data[key] = list(value) if isinstance(value, tuple) else value
-    return json.dumps(data, separators=(",", ":"), ensure_ascii=False)
+    return _ENCODER.encode(data)
 
 
 def checksum(step: int, type_code: int, ts: int, payload: str) -> str:

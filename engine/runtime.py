@@ -756,6 +756,9 @@ class WasmRuntime:
             )
         except (wasmtime.Trap, wasmtime.WasmtimeError, InvalidModule) as exc:
             return session.result(self._classify(exc, session, None), time.monotonic() - started)
+        except GuestFault as exc:  # a start function called a host import
+            outcome = failed(ErrorCode.GUEST_FAULT, str(exc))
+            return session.result(outcome, time.monotonic() - started)
         session.bind(instance)
         previous = getattr(_current, "frame", None)
         _current.frame = (session, instance)

@@ -289,6 +289,18 @@ def test_overlap_buffer_one_keeps_one_instant_for_when_the_previous_ends(env: An
     assert (after.buffered_count, after.last_run_at) == (0, at(1))
 
 
+def test_buffer_one_releases_the_held_instant_before_queueing_a_new_one(env: Any) -> None:
+    """The previous run ended but no tick released the buffer before the next instant came:
+    the held instant starts and the new one takes its place in the buffer."""
+    schedule, first = first_run_waiting(env, "buffer_one")
+    assert tick(at(1, 1)).buffered == 1
+    finish(env, first)
+    report = tick(at(2, 1))
+    assert (report.started, report.buffered, report.dropped) == (1, 1, 0)
+    assert instants_of(env.tenant, schedule) == [at(0), at(1)]
+    assert reload(env.tenant, schedule).buffered_instants == [at(2).isoformat()]
+
+
 def test_overlap_buffer_all_releases_every_instant_one_after_another(env: Any) -> None:
     schedule, first = first_run_waiting(env, "buffer_all")
     assert tick(at(1, 1)).buffered == 1

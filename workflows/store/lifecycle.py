@@ -450,8 +450,9 @@ def terminate_instance(instance: WorkflowInstance, reason: str, now: datetime) -
     )
 
 
-def release(ref: RunRef, now: datetime | None = None) -> bool:
-    """Give a claimed run back untouched (shutdown, or a host failure before it ran)."""
+def release(ref: RunRef, now: datetime | None = None, delay_s: float = 0.0) -> bool:
+    """Give a claimed run back untouched (shutdown, or a host failure around its segment),
+    due again after ``delay_s``."""
     now = now or timezone.now()
     with tenant_context(uuid.UUID(ref.tenant_id)):
         released = WorkflowInstance.objects.filter(
@@ -459,7 +460,9 @@ def release(ref: RunRef, now: datetime | None = None) -> bool:
             assigned_to=ref.worker_id,
             generation=ref.generation,
             status=Status.RUNNING,
-        ).update(status=Status.READY, assigned_to=None, next_wake_at=now)
+        ).update(
+            status=Status.READY, assigned_to=None, next_wake_at=now + timedelta(seconds=delay_s)
+        )
     return released == 1
 
 

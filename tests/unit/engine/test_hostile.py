@@ -505,3 +505,19 @@ def test_hostile_guests_leave_a_fresh_process_healthy() -> None:
     assert proc.returncode == 0, proc.stderr
     report = json.loads(proc.stdout.strip().splitlines()[-1])
     assert report == {"codes": ["timeout", "resource_limit"], "good": True}
+
+
+def test_a_start_function_calling_the_host_is_a_guest_fault(runtime: WasmRuntime) -> None:
+    """Host imports serve an execution segment, not instantiation: a start function that
+    calls one fails the run with guest_fault naming the import, and the process goes on."""
+    wasm = core_module(
+        "(i64.const 0)",
+        imports=LOG_IMPORT,
+        extra='(data (i32.const 64) "early") (func $early (drop (call $log (i32.const 1) '
+        "(i32.const 64) (i32.const 5)))) (start $early)",
+    )
+    info = run_hostile(runtime, wasm)
+    assert info["status"] == "failed"
+    assert info["error_code"] == "guest_fault"
+    assert "durable_log" in str(info["error"])
+    assert good_workflow_runs(runtime)
