@@ -36,14 +36,17 @@ import wasmtime
 from bench.engine_bench import (
     STEPS_WAT,
     Bench,
+    StubSession,
     Timing,
     median_timing,
     percentile,
     timed,
 )
+from engine import component as component_module
 from engine.component import ComponentBackend, ComponentInstance, LoadedComponent
 from engine.config import EngineConfig
 from engine.runtime import WASMTIME_VERSION, WasmRuntime
+from engine.session import Reply
 
 ROOT = Path(__file__).resolve().parent.parent
 SDK_PYTHON = ROOT / "sdk" / "python"
@@ -151,6 +154,52 @@ def instantiations(runtime: WasmRuntime, loaded: LoadedComponent, count: int) ->
     return timings
 
 
+class StubComponentSession(StubSession):
+    """:class:`StubSession` plus what the deterministic WASI asks the session for."""
+
+    replaying = False
+
+    def now(self) -> int:
+        return 0
+
+    def random_bytes(self, length: int) -> bytes:
+        return bytes(length)
+
+
+def component_boundary(
+    runtime: WasmRuntime, loaded: LoadedComponent, steps: int, rounds: int
+) -> Timing:
+    """Mean µs per ``ctx.call`` against a stub session that answers ``OK "{}"`` at once:
+    the guest's own work (the SDK, CPython, componentize-py's bindings) plus the host
+    callback, without the session's recording (N calls minus 0 calls, like engine_bench)."""
+    backend = runtime.components
+
+    def segment(n: int) -> Timing:
+        store = backend._new_store()
+        raw = backend.instantiate(loaded, store)
+        instance = ComponentInstance(
+            store, raw, loaded.guest, runtime.config, time.monotonic(), lambda: 0.0
+        )
+        previous = getattr(component_module._current, "frame", None)
+        component_module._current.frame = (StubComponentSession(), instance)
+        try:
+            timing, reply = timed(lambda: instance.run("steps", str(n)))
+        finally:
+            component_module._current.frame = previous
+        assert reply == Reply(0, "true"), reply
+        return timing
+
+    segment(50)
+    empty: list[Timing] = []
+    full: list[Timing] = []
+    for _ in range(rounds):
+        gc.collect()
+        empty.append(segment(0))
+        full.append(segment(steps))
+    e, f = median_timing(empty), median_timing(full)
+    return Timing((f.wall - e.wall) / steps * 1e6, (f.cpu - e.cpu) / steps * 1e6)
+
+
 def workload(bench: Bench, runs: int, steps: int = 10) -> tuple[Timing, list[float]]:
     """``runs`` runs of ``steps`` durable calls, each a fresh run in one segment; returns the
     total and each run's wall ms."""
@@ -231,6 +280,15 @@ def main(argv: Sequence[str] | None = None) -> None:
                 "",
             )
         )
+    boundary = component_boundary(runtime, loaded, args.steps, args.rounds)
+    core_boundary = core.boundary(args.steps, args.rounds)
+    rows.append(
+        (
+            "of which guest + boundary (stub session), µs: core / Python (cpu)",
+            f"{core_boundary.cpu:.1f} / {boundary.cpu:.1f}",
+            "",
+        )
+    )
     for label, bench in (("core module (WAT)", core), ("Python component", python)):
         total, per_run = workload(bench, args.workload_runs)
         rows.append(

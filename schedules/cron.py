@@ -42,6 +42,7 @@ import bisect
 import functools
 import importlib.resources
 import zoneinfo
+from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import UTC, date, datetime, timedelta
 from typing import Protocol
@@ -93,11 +94,11 @@ def load_zone(name: str) -> zoneinfo.ZoneInfo:
         ) from None
 
 
-def _field_values(values: list[int | str], low: int, high: int) -> tuple[int, ...] | None:
+def _field_values(values: Sequence[object], low: int, high: int) -> tuple[int, ...] | None:
     """croniter's expansion of one field as sorted ints; None for an unrestricted ``*``."""
-    if values == ["*"]:
+    if list(values) == ["*"]:
         return None
-    found = sorted({int(v) for v in values})
+    found = sorted({int(str(v)) for v in values})
     if not found or found[0] < low or found[-1] > high:
         raise ValueError(f"values {found} outside {low}-{high}")
     return tuple(found)

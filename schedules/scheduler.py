@@ -305,9 +305,9 @@ class TickReport:
         self.deliveries.extend(made)
 
     def summary(self) -> str:
-        names = ("due", "initialised", "started", "existing", "skipped", "buffered", "dropped")
-        names += ("missed", "disabled", "contended", "errors")
-        return " ".join(f"{n}={getattr(self, n)}" for n in names)
+        names = "due initialised started existing skipped buffered dropped missed disabled"
+        names += " contended errors"
+        return " ".join(f"{n}={getattr(self, n)}" for n in names.split())
 
 
 def tick(

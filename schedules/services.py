@@ -145,7 +145,7 @@ def validate_schedule(
         taken = taken.exclude(id=schedule_id)
     if taken.exists():
         raise Conflict(f"a schedule named {clean['name']!r} already exists", "name")
-    timing = timing_for(merged.get("cron"), merged.get("timezone") or "UTC")
+    timing = timing_for(merged.get("cron") or "", merged.get("timezone") or "UTC")
     clean["cron"], clean["timezone"] = " ".join(timing.expression.split()), timing.timezone
     clean["misfire_policy"] = _choice(
         merged["misfire_policy"], "misfire_policy", MisfirePolicy.values
@@ -176,12 +176,12 @@ def validate_schedule(
             tag=clean["workflow_tag"] or None,
         )
     except NotFound as exc:
-        field = {
+        renamed = {
             "definition": "workflow_name",
             "version": "workflow_version",
             "tag": "workflow_tag",
         }
-        raise NotFound(exc.message, field.get(exc.field or "", "workflow_name")) from None
+        raise NotFound(exc.message, renamed.get(exc.field or "", "workflow_name")) from None
     if clean["entry_point"] not in (definition.entry_points or []):
         raise InvalidInput(
             f"{definition.name} version {definition.version} has no entry point "

@@ -192,3 +192,34 @@ def test_the_owning_tenants_key_reaches_all_of_it(tenant: Tenant, other: dict[st
     again = theirs.start("shared-name", idempotency_key="same-key")
     assert again.status_code == 200 and again.json()["id"] == other["waiting"]
     assert sum(1 for code in statuses.values() if 200 <= code < 300) > 20
+
+
+@pytest.mark.postgres_only
+def test_keys_resolve_across_tenants_only_through_the_definer_function(
+    other_tenant: Tenant,
+) -> None:
+    """Under RLS the application role cannot read ``workflows_apikey`` without a tenant
+    context (fail-closed); authentication finds a key of any tenant through
+    ``cleat.resolve_api_key``, which returns no hash."""
+    from django.db import connection
+    from django.db.utils import ProgrammingError
+
+    from workflows.api.keys import resolve_api_key
+    from workflows.models import ApiKey, hash_api_key
+
+    plaintext = key_for(other_tenant, Role.READ_ONLY, "probe")
+    with pytest.raises(ProgrammingError, match="tenant context required"):
+        list(ApiKey.objects.filter(key_hash=hash_api_key(plaintext)))
+    resolved = resolve_api_key(plaintext)
+    assert resolved is not None
+    assert (resolved.tenant_id, resolved.name, resolved.role) == (
+        other_tenant.id,
+        "probe",
+        "read_only",
+    )
+    assert resolve_api_key(plaintext + "x") is None
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT * FROM cleat.resolve_api_key(%s)", [hash_api_key(plaintext)])
+        columns = {column.name for column in cursor.description}
+    assert "key_hash" not in columns
+    assert Api(plaintext).get("/api/v1/workflows").status_code == 200

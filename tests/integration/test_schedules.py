@@ -6,6 +6,7 @@ RLS-bound application role, where the due read is a definer function; MariaDB)."
 
 from __future__ import annotations
 
+import io
 import threading
 import time
 from collections.abc import Iterator
@@ -13,6 +14,7 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import pytest
+from django.core.management import CommandError, call_command
 from django.utils import timezone
 
 from schedules import services as sched
@@ -526,6 +528,18 @@ def test_a_burst_worker_fires_a_due_schedule_and_runs_it(env: Any) -> None:
     Worker(WorkerOptions(worker_id="sched-burst", concurrency=1, burst=True)).run()
     (run,) = runs(env.tenant, schedule)
     assert status(env.tenant, run) == Status.DONE
+
+
+def test_runscheduler_once_ticks_and_reports(env: Any) -> None:
+    schedule = sched.create_schedule(env.tenant, name="op", workflow_name="quick", cron="@daily")
+    with tenant_context(env.tenant.id):
+        Schedule.objects.filter(id=schedule.id).update(next_run_at=timezone.now())
+    out = io.StringIO()
+    call_command("runscheduler", "--once", stdout=out)
+    assert "due=1 initialised=0 started=1 " in out.getvalue()
+    assert len(runs(env.tenant, schedule)) == 1
+    with pytest.raises(CommandError, match="unknown tenant"):
+        call_command("runscheduler", "--once", "--tenant", "nobody")
 
 
 def test_an_idle_worker_wakes_for_the_next_schedule_instant(env: Any) -> None:
