@@ -346,10 +346,11 @@ def cleat_throughput(
 
 @dataclass
 class Latency:
-    samples_ms: list[float]
+    samples_ms: list[float]  # completed_at - created_at of the rows
+    observed_ms: list[float] = field(default_factory=list)  # start call -> done seen by a poll
 
-    def pct(self, p: float) -> float:
-        data = sorted(self.samples_ms)
+    def pct(self, p: float, observed: bool = False) -> float:
+        data = sorted(self.observed_ms if observed else self.samples_ms)
         if not data:
             return float("nan")
         k = (len(data) - 1) * p / 100
@@ -367,7 +368,8 @@ def cleat_latency(cleat: Cleat, runs: int, concurrency: int) -> Latency:
     cleat.reset()
     worker = cleat.runworker("--concurrency", str(concurrency), log="cleat-latency.log")
 
-    def one() -> float:
+    def one() -> tuple[float, float]:
+        began = time.perf_counter()
         instance, _ = start_workflow(cleat.tenant, "bench_steps", 1)
         deadline = time.monotonic() + 30
         while time.monotonic() < deadline:
@@ -378,7 +380,8 @@ def cleat_latency(cleat: Cleat, runs: int, concurrency: int) -> Latency:
                     .get()
                 )
             if row[0] == Status.DONE:
-                return (row[2] - row[1]).total_seconds() * 1000
+                seen = (time.perf_counter() - began) * 1000
+                return (row[2] - row[1]).total_seconds() * 1000, seen
             if row[0] not in (Status.READY, Status.RUNNING):
                 raise RuntimeError(f"latency run ended {row[0]}")
             time.sleep(0.002)
@@ -388,15 +391,17 @@ def cleat_latency(cleat: Cleat, runs: int, concurrency: int) -> Latency:
         for _ in range(5):  # warm-up: the worker's start-up, module compile, connections
             one()
         time.sleep(1.0)
-        samples = []
+        samples, observed = [], []
         for _ in range(runs):
-            samples.append(one())
+            row_ms, seen_ms = one()
+            samples.append(row_ms)
+            observed.append(seen_ms)
             time.sleep(0.02)  # idle system: the worker is back in LISTEN
     finally:
         os.killpg(worker.pid, signal.SIGTERM)
         worker.wait(timeout=60)
         connections.close_all()
-    return Latency(samples)
+    return Latency(samples, observed)
 
 
 # --- the comparisons ---------------------------------------------------------------------------
@@ -637,6 +642,10 @@ def print_table(
             f"   latency (completed_at - created_at, {len(s)} sequential 1-step runs): "
             f"p50 {latency.pct(50):.2f} ms, p90 {latency.pct(90):.2f} ms, "
             f"p99 {latency.pct(99):.2f} ms, max {max(s):.2f} ms"
+        )
+        print(
+            "   latency seen by the client (start_workflow call -> a 2 ms poll sees done): "
+            f"p50 {latency.pct(50, True):.2f} ms, p99 {latency.pct(99, True):.2f} ms"
         )
 
     print("\n   goal                                         figure            goal    met")

@@ -326,11 +326,12 @@ class ComponentInstance:
 # The ABI operations are the hot path (one call per durable step), so they are served by C
 # callbacks of their own instead of wasmtime-py's generic ``LinkerInstance.add_func``, which
 # rebuilds the function's type and converts every value through its ``ValType`` classes on
-# each call (about 60 µs). Each callback knows its import's WIT signature: it reads the
-# arguments straight from the ``wasmtime_component_val_t`` slots and writes the result the
-# same way. wasmtime does not check the types of a dynamically defined function when it links
-# a component, so ``ComponentBackend.describe`` checks every imported host function against
-# ABI v1 before any instance is made, and each call checks its argument count.
+# each call (it cost about 115 µs more per durable step). Each callback knows its import's
+# WIT signature: it reads the arguments straight from the ``wasmtime_component_val_t`` slots
+# and writes the result the same way. wasmtime does not check the types of a dynamically
+# defined function when it links a component, so ``ComponentBackend.describe`` checks every
+# imported host function against ABI v1 before any instance is made, and each call checks its
+# argument count.
 _ffi: Any = wasmtime_ffi
 _KIND_U8 = _ffi.WASMTIME_COMPONENT_U8.value
 _KIND_S64 = _ffi.WASMTIME_COMPONENT_S64.value

@@ -756,6 +756,29 @@ def test_healthz_and_metrics() -> None:
     assert "cleat_api_requests_total" in text and 'status="401"' in text
 
 
+def test_healthz_says_which_check_fails(monkeypatch: pytest.MonkeyPatch) -> None:
+    from django.db import DatabaseError
+
+    from workflows.api import health
+
+    monkeypatch.setattr(health, "_pending_migrations", lambda: 2)
+    pending = Client().get("/healthz")
+    assert pending.status_code == 503
+    assert pending.json() == {
+        "status": "unavailable",
+        "database": "ok",
+        "migrations": "2 pending",
+    }
+
+    def unreachable() -> None:
+        raise DatabaseError("connection refused")
+
+    monkeypatch.setattr(health.connection, "cursor", unreachable)
+    down = Client().get("/healthz")
+    assert down.status_code == 503
+    assert down.json()["database"] == "unreachable"
+
+
 # --- keys: command and admin ---------------------------------------------------------------------
 
 

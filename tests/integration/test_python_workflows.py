@@ -152,6 +152,7 @@ def test_time_and_randomness_replay_across_segments_in_the_store(make_env: Any) 
     result = env.result(run)
     first, _, third = result["samples"]
     created = datetime.fromisoformat(env.describe(run)["created_at"])
-    assert first["time"] == int(created.timestamp() * 1000) / 1000, "time.time() is the run's"
+    # time.time() is the run's start: seconds + nanoseconds as a float, so within a µs.
+    assert first["time"] == pytest.approx(int(created.timestamp() * 1000) / 1000, abs=1e-6)
     assert third["time"] - first["time"] >= 30
     assert len({s["uuid4"] for s in result["samples"]}) == 3

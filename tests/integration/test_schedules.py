@@ -405,6 +405,46 @@ def test_a_row_the_scheduler_cannot_interpret_is_disabled_with_a_note(
     assert tick(at(1, 1)).started == 1
 
 
+def test_a_database_error_is_logged_and_the_instant_retried_next_tick(
+    env: Any, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The due read failing, or one row's start failing, never raises out of the tick; the
+    row's transaction rolls back whole (its next_run_at included), so the next tick fires
+    the same instant."""
+    from django.db import OperationalError
+
+    import schedules.scheduler as scheduler
+
+    schedule = create(env.tenant, "flaky", "quick")
+
+    def read_fails(*args: Any, **kwargs: Any) -> Any:
+        raise OperationalError("the database went away")
+
+    with monkeypatch.context() as patch:
+        patch.setattr(scheduler.store, "due_schedules", read_fails)
+        report = tick(at(seconds=1))
+    assert (report.errors, report.started) == (1, 0)
+
+    real_start = scheduler.start_workflow
+    calls = []
+
+    def start_fails_once(*args: Any, **kwargs: Any) -> Any:
+        calls.append(kwargs["idempotency_key"])
+        if len(calls) == 1:
+            raise OperationalError("connection reset during insert")
+        return real_start(*args, **kwargs)
+
+    monkeypatch.setattr(scheduler, "start_workflow", start_fails_once)
+    report = tick(at(seconds=2))
+    assert (report.errors, report.started, report.disabled) == (1, 0, 0)
+    assert reload(env.tenant, schedule).next_run_at == at()  # rolled back with the start
+    assert "event=schedule_error" in caplog.text
+    assert tick(at(seconds=3)).started == 1
+    assert calls == [firing_key(schedule.id, at())] * 2
+    assert instants_of(env.tenant, schedule) == [at()]
+    assert reload(env.tenant, schedule).next_run_at == at(1)
+
+
 # --- the service layer -----------------------------------------------------------------------
 
 

@@ -16,8 +16,8 @@
 The module is built through the build cache (``cleat_workflow.build``): the first test on
 a machine pays for componentize-py, later ones reuse the component. The compiled component is
 cached on disk as well (``$CLEAT_MODULE_CACHE_DIR``, default ``~/.cache/cleat/modules``, as
-for the worker), so a new test process deserializes it instead of compiling it again. Host side only: this module
-imports the engine and is never part of a component.
+for the worker), so a new test process deserializes it instead of compiling it again. Host
+side only: this module imports the engine and is never part of a component.
 """
 
 from __future__ import annotations
