@@ -35,7 +35,9 @@ elif TEST_DB == "mariadb":
     DATABASES["default"]["TEST"] = {"NAME": f"test_cleat_{_SUFFIX}", "CHARSET": "utf8mb4"}
 elif TEST_DB == "sqlite":
     os.makedirs(BASE_DIR / "test-artifacts", exist_ok=True)
-    DATABASES["default"]["TEST"] = {"NAME": str(BASE_DIR / "test-artifacts" / f"test-{_SUFFIX}.sqlite3")}
+    DATABASES["default"]["TEST"] = {
+        "NAME": str(BASE_DIR / "test-artifacts" / f"test-{_SUFFIX}.sqlite3")
+    }
 else:
     raise RuntimeError(f"CLEAT_TEST_DB must be sqlite, postgres or mariadb, not {TEST_DB!r}")
 
