@@ -123,6 +123,18 @@ def cmd_test(args: argparse.Namespace) -> None:
     else:
         say("starting local services (PostgreSQL, MariaDB)")
         run(["bash", ROOT / "scripts" / "services.sh", "postgres", "mariadb"])
+        # Python components are ~20 MB; MariaDB's default statement limit is 16 MB.
+        run(
+            [
+                "mysql",
+                "-h",
+                "127.0.0.1",
+                "-u",
+                "root",
+                "-e",
+                "SET GLOBAL max_allowed_packet=268435456",
+            ]
+        )
         step("ruff check", [PY, "-m", "ruff", "check", "."])
         step("ruff format --check", [PY, "-m", "ruff", "format", "--check", "."])
         step("mypy engine/", [PY, "-m", "mypy"])

@@ -168,6 +168,7 @@ def deploy_definition(
         raise InvalidInput(str(exc), "wasm") from None
     if version is not None and version < 1:
         raise InvalidInput("version must be a positive integer", "version")
+    _check_packet_size(len(wasm))
     with tenant_context(tenant.id):
         existing = WorkflowDefinition.objects.filter(tenant_id=tenant.id, name=name)
         if version is None:
@@ -190,6 +191,24 @@ def deploy_definition(
             entry_points=list(info.entry_points),
             max_history_length=max_history_length,
             **fields,
+        )
+
+
+def _check_packet_size(size: int) -> None:
+    """MySQL/MariaDB refuse a statement larger than ``max_allowed_packet`` by dropping the
+    connection ("server has gone away"); say so before trying. Python components are ~20 MB."""
+    from django.db import connection
+
+    if connection.vendor != "mysql":
+        return
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT @@max_allowed_packet")
+        limit = int(cursor.fetchone()[0])
+    if size + 1024 * 1024 > limit:
+        raise InvalidInput(
+            f"the module is {size} bytes but the database accepts statements up to {limit} "
+            "bytes: raise MariaDB/MySQL max_allowed_packet (e.g. to 256M)",
+            "wasm",
         )
 
 

@@ -810,3 +810,20 @@ def test_an_update_for_a_run_that_ends_fails(
         update = UpdateRequest.objects.get(id=update.id)
     assert update.status == UpdateRequest.State.FAILED
     assert "terminated" in update.result
+
+
+def test_a_module_over_the_databases_statement_limit_is_refused_with_advice(tenant: Any) -> None:
+    """MariaDB drops the connection for a statement over max_allowed_packet; deploy refuses a
+    module that would not fit, naming the setting. Other databases have no such limit."""
+    from django.db import connection
+
+    from workflows.services import InvalidInput, _check_packet_size
+
+    huge = 10**10
+    if connection.vendor == "mysql":
+        with pytest.raises(InvalidInput) as err:
+            _check_packet_size(huge)
+        assert err.value.field == "wasm"
+        assert "max_allowed_packet" in err.value.message
+    else:
+        assert _check_packet_size(huge) is None
