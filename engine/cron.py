@@ -83,6 +83,6 @@ def timezone_error(name: str) -> str | None:
         return "the time zone is empty"
     try:
         zoneinfo.ZoneInfo(name)
-    except (zoneinfo.ZoneInfoNotFoundError, ValueError):
+    except (zoneinfo.ZoneInfoNotFoundError, ValueError, OSError):  # "Europe" is a directory
         return f"unknown time zone {name!r} (use an IANA name such as Europe/London)"
     return None

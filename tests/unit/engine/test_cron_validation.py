@@ -141,3 +141,11 @@ def test_empty_time_zone_is_refused() -> None:
 def test_iana_time_zones_are_accepted(name: str) -> None:
     """Including the odd offsets (+05:45, -03:30, a 30-minute DST shift)."""
     assert timezone_error(name) is None
+
+
+def test_a_zone_directory_name_is_refused_not_raised() -> None:
+    """ "Europe" is a directory in the tzdata tree, not a zone: a message, not an OSError."""
+    from engine.cron import timezone_error
+
+    problem = timezone_error("Europe")
+    assert problem is not None and "Europe" in problem
