@@ -710,18 +710,8 @@ class ComponentBackend:
             return self._linker
 
     def _new_store(self) -> wasmtime.Store:
-        cfg = self.config
-        store = wasmtime.Store(self.engine)
-        store.set_limits(
-            memory_size=cfg.memory_limit_bytes,
-            table_elements=cfg.max_table_elements,
-            instances=cfg.max_instances,
-            tables=cfg.max_tables,
-            memories=cfg.max_instances,
-        )
-        store.set_epoch_deadline(cfg.deadline_ticks)
-        if cfg.fuel:
-            store.set_fuel(cfg.fuel)
+        """The core runtime's store (same limits, deadline and fuel), plus WASI output."""
+        store = self._runtime._new_store()
         wasi = wasmtime.WasiConfig()
         wasi.stdout_custom = _guest_output("stdout")
         wasi.stderr_custom = _guest_output("stderr")
