@@ -307,7 +307,16 @@ def start_workflow(
     return instance, True
 
 
-def signal_workflow(tenant: Tenant, run_id: str, name: str, payload: Any = None) -> Signal:
+def signal_workflow(
+    tenant: Tenant,
+    run_id: str,
+    name: str,
+    payload: Any = None,
+    *,
+    operator: str | None = None,
+    reason: str = "",
+) -> Signal:
+    """Deliver a signal. Sent by an operator (``operator`` given), it is also audited."""
     if not name or len(name) > 256:
         raise InvalidInput("signal name must be 1-256 characters", "name")
     text = json_text(payload, "payload")
@@ -320,8 +329,17 @@ def signal_workflow(tenant: Tenant, run_id: str, name: str, payload: Any = None)
         if instance.allowed_signals is not None and name not in instance.allowed_signals:
             raise Conflict(f"run {run_id} does not accept signal {name!r}", "name")
         signal = Signal.objects.create(
-            tenant=tenant, instance=instance, name=name, payload=text, sender="api"
+            tenant=tenant, instance=instance, name=name, payload=text, sender=operator or "api"
         )
+        if operator is not None:
+            AuditLog.objects.create(
+                tenant=tenant,
+                instance=instance,
+                action="signal",
+                operator=operator,
+                reason=reason,
+                detail={"name": name},
+            )
         wake.after_commit(tenant.id, instance.id)
     return signal
 

@@ -290,7 +290,7 @@ def test_illegal_transitions_are_messages_not_errors(
         response = confirm(op, done, action, generation, reason="try")
         assert response.status_code == 302
         assert any(words in m for m in texts(response)), (action, texts(response))
-    response = confirm(op, done, "signal", generation, name="paid", payload="{}")
+    response = confirm(op, done, "signal", generation, name="paid", payload="{}", reason="try")
     assert any("cannot receive signals" in m for m in texts(response))
     assert op.get(f"{RUNS}{done}/action/no_such/").status_code == 404
 
@@ -301,7 +301,7 @@ def test_bad_json_is_a_form_error(world: dict[str, Any], op: Client, tenant: Any
     response = confirm(op, run_id, "force_complete", generation, result="{bad", reason="r")
     assert response.status_code == 400
     assert "not valid JSON" in response.content.decode()
-    response = confirm(op, run_id, "signal", generation, name="paid", payload="[1,")
+    response = confirm(op, run_id, "signal", generation, name="paid", payload="[1,", reason="r")
     assert response.status_code == 400 and "not valid JSON" in response.content.decode()
     assert run_row(tenant, run_id).status == "ready"
     response = confirm(op, run_id, "force_complete", generation, result='{"ok": 1}', reason="r")
@@ -337,12 +337,12 @@ def test_each_lifecycle_action_goes_through_its_service(
     assert run_row(tenant, b).status == "terminated"
     act(b, "re_replay", reason="again")
     assert run_row(tenant, b).status == "ready"
-    act(c, "signal", name="paid", payload='{"amount": 12}')
+    act(c, "signal", name="paid", payload='{"amount": 12}', reason="the payer's callback was lost")
     drain_worker(lambda: run_row(tenant, c).status == "done")
     assert run_row(tenant, c).status == "done"
     with tenant_context(tenant.id):
         actions = sorted(AuditLog.objects.values_list("action", flat=True))
-    assert actions == sorted(["pause", "resume", "cancel", "terminate", "re_replay"])
+    assert actions == sorted(["pause", "resume", "cancel", "terminate", "re_replay", "signal"])
 
 
 def test_operators_without_permission_see_no_actions(world: dict[str, Any], tenant: Any) -> None:

@@ -75,7 +75,7 @@ class ForceFailForm(ActionForm):
     )
 
 
-class SignalForm(forms.Form):
+class SignalForm(ActionForm):
     name = forms.CharField(max_length=256, help_text="The signal's name, e.g. approve.")
     payload = JSONTextField(required=False, initial="null", help_text="Its payload, as JSON.")
 
@@ -142,7 +142,9 @@ def _resume(t: Tenant, run: str, gen: int, data: dict[str, Any], op: str) -> Any
 
 
 def _signal(t: Tenant, run: str, gen: int, data: dict[str, Any], op: str) -> Any:
-    return svc.signal_workflow(t, run, data["name"], data["payload"])
+    return svc.signal_workflow(
+        t, run, data["name"], data["payload"], operator=op, reason=data["reason"]
+    )
 
 
 _ACTIVE = frozenset({Status.READY, Status.RUNNING, Status.PAUSED})
