@@ -78,7 +78,7 @@ from engine.errors import (
     WorkflowExit,
 )
 from engine.events import EncodedEvent, UpdateAppliedEvent
-from engine.runtime import LoadedModule, ModuleCache, ModuleInfo, WasmRuntime
+from engine.runtime import LoadedModule, ModuleCache, ModuleInfo, WasmRuntime, _CallerContext
 from engine.services import Services
 from engine.session import (
     AppliedUpdate,
@@ -341,21 +341,6 @@ _KIND_RESULT = _ffi.WASMTIME_COMPONENT_RESULT.value
 _NO_FINALIZER = ctypes.CFUNCTYPE(None, ctypes.c_void_p)(lambda _data: None)
 
 
-class _StoreContext:
-    """The store context of the host call in progress (what ``_context()`` returns for a
-    wasmtime-py ``Storelike``); invalid once the call has returned."""
-
-    __slots__ = ("pointer",)
-
-    def __init__(self, pointer: Any) -> None:
-        self.pointer = pointer
-
-    def _context(self) -> Any:
-        if self.pointer is None:
-            raise ValueError("the host call has returned")
-        return self.pointer
-
-
 def _string_value(text: str) -> Any:
     value = _ffi.wasmtime_component_val_t()
     value.kind = _KIND_STRING
@@ -400,7 +385,7 @@ def _host_operation(imp: HostImport) -> Any:
         env: Any, context: Any, ty: Any, args: Any, nargs: int, results: Any, nresults: int
     ) -> int:
         session: ComponentSession | None = None
-        store = _StoreContext(context)
+        store = _CallerContext(context)
         try:
             frame = _frame()
             if frame is None:
@@ -446,7 +431,7 @@ def _host_operation(imp: HostImport) -> Any:
             error = wasmtime.WasmtimeError("python exception")._consume()
             return ctypes.cast(error, ctypes.c_void_p).value or 0
         finally:
-            store.pointer = None
+            store.invalidate()
 
     return _ffi.wasmtime_component_func_callback_t(host)
 

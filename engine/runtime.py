@@ -392,6 +392,10 @@ class _CallerContext:
             raise ValueError("caller is no longer valid")
         return self._pointer
 
+    def invalidate(self) -> None:
+        """Never usable after the host call returns."""
+        self._pointer = None
+
 
 def _host_function(imp: HostImport) -> Any:
     """The C callback serving ``imp``: read the arguments (strings bounds- and UTF-8-checked),
@@ -434,7 +438,7 @@ def _host_function(imp: HostImport) -> Any:
             trap = wasmtime.Trap("python exception")._consume()
             return ctypes.cast(trap, ctypes.c_void_p).value or 0
         finally:
-            context._pointer = None  # never usable after the call returns
+            context.invalidate()
 
     return _HostCallback(host)
 
