@@ -52,6 +52,8 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit, urlunsplit
 
+from bench import engine_bench
+
 ROOT = Path(__file__).resolve().parent.parent
 PYTHON = sys.executable
 SERVICE_TARGET = "bench.store_bench.echo"
@@ -68,60 +70,8 @@ def echo(request: Any, *, idempotency_key: str, context: Any) -> dict[str, Any]:
 
 
 # N durable calls of bench.echo("{}"), N the decimal input; the result is `true`.
-STEPS_WAT = r"""
-(module
-  (import "env" "durable_call" (func $call (param i32 i32 i32 i32 i32 i32) (result i64)))
-  (memory (export "memory") 1)
-  (global $heap (mut i32) (i32.const 1024))
-  (data (i32.const 16) "bench")
-  (data (i32.const 32) "echo")
-  (data (i32.const 48) "{}")
-  (data (i32.const 64) "\00true")
-  (func (export "cleat_alloc") (param $n i32) (result i32)
-    (local $p i32)
-    (local $end i32)
-    (local $have i32)
-    (local.set $p (global.get $heap))
-    (local.set $end (i32.add (local.get $p) (local.get $n)))
-    (local.set $have (i32.mul (memory.size) (i32.const 65536)))
-    (if (i32.gt_u (local.get $end) (local.get $have))
-      (then
-        (if (i32.eq
-              (memory.grow
-                (i32.shr_u (i32.add (i32.sub (local.get $end) (local.get $have))
-                                    (i32.const 65535))
-                           (i32.const 16)))
-              (i32.const -1))
-          (then unreachable))))
-    (global.set $heap (local.get $end))
-    (local.get $p))
-  (func (export "run") (param $ptr i32) (param $len i32) (result i64)
-    (local $n i32)
-    (local $i i32)
-    (local $b i32)
-    (block $parsed
-      (loop $digits
-        (br_if $parsed (i32.eqz (local.get $len)))
-        (local.set $b (i32.load8_u (local.get $ptr)))
-        (if (i32.and (i32.ge_u (local.get $b) (i32.const 48))
-                     (i32.le_u (local.get $b) (i32.const 57)))
-          (then
-            (local.set $n (i32.add (i32.mul (local.get $n) (i32.const 10))
-                                   (i32.sub (local.get $b) (i32.const 48))))))
-        (local.set $ptr (i32.add (local.get $ptr) (i32.const 1)))
-        (local.set $len (i32.sub (local.get $len) (i32.const 1)))
-        (br $digits)))
-    (block $done
-      (loop $steps
-        (br_if $done (i32.ge_u (local.get $i) (local.get $n)))
-        (drop (call $call (i32.const 16) (i32.const 5)
-                          (i32.const 32) (i32.const 4)
-                          (i32.const 48) (i32.const 2)))
-        (local.set $i (i32.add (local.get $i) (i32.const 1)))
-        (br $steps)))
-    (i64.or (i64.shl (i64.const 64) (i64.const 32)) (i64.const 5)))
-)
-"""
+# The same N-step workload as the engine benchmark (one durable_call per step).
+STEPS_WAT = engine_bench.STEPS_WAT
 
 
 # --- PostgreSQL plumbing -----------------------------------------------------------------------
