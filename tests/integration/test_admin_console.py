@@ -9,6 +9,7 @@ import json
 import re
 import time
 from collections.abc import Callable
+from datetime import timedelta
 from typing import Any
 
 import pytest
@@ -490,6 +491,28 @@ def test_dashboard_counts_rates_and_charts(world: dict[str, Any], op: Client) ->
     assert 'data-definition="shop-order"' in html and 'data-definition="demo-order"' in html
     one = page(op, "/admin/console/dashboard/?definition=demo-order")
     assert re.search(r'id="fig-total">3<', one)
+
+
+def test_dashboard_counts_runs_stamped_after_now_in_the_current_minute(
+    world: dict[str, Any], tenant: Any
+) -> None:
+    """A worker's clock ahead of the web server's (here: the test environment's clock runs
+    ahead of real time) must not drop runs out of the window's last minute."""
+    from django.db.models import Min
+
+    from workflows.console import metrics
+
+    with tenant_context(tenant.id):
+        first = WorkflowInstance.objects.filter(completed_at__isnull=False).aggregate(
+            first=Min("completed_at")
+        )["first"]
+        # "now" just before every completion, at the end of a minute: all of them are later.
+        now = first.replace(second=0, microsecond=0) - timedelta(microseconds=1)
+        data = metrics.dashboard(tenant, now)
+    assert data.minutes[-1] == now.replace(second=0, microsecond=0)
+    assert (sum(data.completions), sum(data.failures)) == (1, 5)
+    assert data.completions[-1] == 1 and data.failures[-1] == 5
+    assert data.failure_rate is not None and round(data.failure_rate * 100, 1) == 83.3
 
 
 # --- tenancy ----------------------------------------------------------------------------------

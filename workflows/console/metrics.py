@@ -77,12 +77,14 @@ def _per_minute(
         .annotate(n=Count("id"))
         .order_by()
     }
-    # Bucket keys come back aware (USE_TZ) on every backend; normalise to the minute.
+    # Bucket keys come back aware (USE_TZ) on every backend; normalise to the minute. A time
+    # stamped after ``now`` (a worker's clock a little ahead of this server's) counts in the
+    # current minute rather than falling outside the window.
     normalised: dict[datetime, int] = {}
     for minute, n in counts.items():
         if minute is None:
             continue
-        key = minute.replace(second=0, microsecond=0)
+        key = min(minute.replace(second=0, microsecond=0), minutes[-1])
         normalised[key] = normalised.get(key, 0) + n
     return [normalised.get(m, 0) for m in minutes]
 
