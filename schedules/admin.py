@@ -177,19 +177,21 @@ class ScheduleAdmin(admin.ModelAdmin):
             if name in form.cleaned_data
         }
         if change:
-            saved = services.update_schedule(_tenant(), obj.pk, **values)
+            saved = services.update_schedule(
+                _tenant(), obj.pk, operator=_operator(request), **values
+            )
         else:
-            saved = services.create_schedule(_tenant(), **values)
+            saved = services.create_schedule(_tenant(), operator=_operator(request), **values)
         for model_field in Schedule._meta.concrete_fields:
             setattr(obj, model_field.attname, getattr(saved, model_field.attname))
         obj._state.adding = False
 
     def delete_model(self, request: HttpRequest, obj: Schedule) -> None:
-        services.delete_schedule(_tenant(), obj.pk)
+        services.delete_schedule(_tenant(), obj.pk, operator=_operator(request))
 
     def delete_queryset(self, request: HttpRequest, queryset: QuerySet[Schedule]) -> None:
         for schedule in queryset:
-            services.delete_schedule(_tenant(), schedule.pk)
+            services.delete_schedule(_tenant(), schedule.pk, operator=_operator(request))
 
     # --- actions ---
 
@@ -209,7 +211,9 @@ class ScheduleAdmin(admin.ModelAdmin):
     def trigger_now(self, request: HttpRequest, queryset: QuerySet[Schedule]) -> None:
         for schedule in queryset:
             try:
-                made = services.trigger_schedule(_tenant(), schedule.pk)
+                made = services.trigger_schedule(
+                    _tenant(), schedule.pk, operator=_operator(request)
+                )
             except ServiceError as exc:
                 self.message_user(request, f"{schedule.name}: {exc.message}", messages.ERROR)
                 continue
@@ -231,6 +235,7 @@ class ScheduleAdmin(admin.ModelAdmin):
                                 form.cleaned_data["start"],
                                 form.cleaned_data["end"],
                                 overlap_policy=form.cleaned_data["overlap_policy"] or None,
+                                operator=_operator(request),
                             )
                             results.append(f"{current.name}: {_describe(made)}")
                 except ServiceError as exc:

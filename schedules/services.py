@@ -21,7 +21,7 @@ from django.utils import timezone as dj_timezone
 from schedules.cron import CronError, CronSchedule, compile_cron
 from schedules.models import MisfirePolicy, OverlapPolicy, Schedule
 from schedules.scheduler import Delivery, append_note, deliver
-from workflows.models import Tenant, name_validator
+from workflows.models import AuditLog, Tenant, name_validator
 from workflows.services import (
     Conflict,
     InvalidInput,
@@ -71,6 +71,19 @@ DEFAULTS: dict[str, Any] = {
 class QuotaExceeded(Conflict):
     code = "quota_exceeded"
     http_status = 409
+
+
+def _audit(
+    tenant: Tenant, schedule: Schedule, action: str, operator: str, reason: str = "", **more: Any
+) -> None:
+    """An audit row for a change to a schedule, in the caller's transaction."""
+    AuditLog.objects.create(
+        tenant=tenant,
+        action=f"schedule_{action}",
+        operator=operator,
+        reason=reason,
+        detail={"schedule": schedule.name, "schedule_id": str(schedule.id), **more},
+    )
 
 
 # --- validation ----------------------------------------------------------------------------------
@@ -238,7 +251,9 @@ def preview_schedule(
 # --- writing ---------------------------------------------------------------------------------
 
 
-def create_schedule(tenant: Tenant, *, now: datetime | None = None, **values: Any) -> Schedule:
+def create_schedule(
+    tenant: Tenant, *, now: datetime | None = None, operator: str = "system", **values: Any
+) -> Schedule:
     """Create a schedule (fields as in :data:`EDITABLE_FIELDS`; ``name``, ``workflow_name``
     and ``cron`` required). Its first instant is the first after ``now``."""
     now = now or dj_timezone.now()
@@ -250,11 +265,13 @@ def create_schedule(tenant: Tenant, *, now: datetime | None = None, **values: An
         timing = compile_cron(clean["cron"], clean["timezone"])
         try:
             with transaction.atomic():
-                return Schedule.objects.create(
+                created = Schedule.objects.create(
                     tenant=tenant, next_run_at=timing.next_after(now), **clean
                 )
         except IntegrityError:
             raise Conflict(f"a schedule named {clean['name']!r} already exists", "name") from None
+        _audit(tenant, created, "created", operator, cron=created.cron, timezone=created.timezone)
+    return created
 
 
 def update_schedule(
@@ -262,6 +279,7 @@ def update_schedule(
     schedule: str | uuid.UUID | Schedule,
     *,
     now: datetime | None = None,
+    operator: str = "system",
     **changes: Any,
 ) -> Schedule:
     """Change some fields. A new expression or zone, or enabling a disabled schedule,
@@ -280,17 +298,28 @@ def update_schedule(
             setattr(found, name, value)
         if restart:
             found.next_run_at = compile_cron(found.cron, found.timezone).next_after(now)
+        changed = sorted(name for name, value in clean.items() if current[name] != value)
         try:
             with transaction.atomic():
                 found.save()
         except IntegrityError:
             raise Conflict(f"a schedule named {clean['name']!r} already exists", "name") from None
+        if changed:
+            _audit(tenant, found, "updated", operator, fields=changed)
     return found
 
 
-def delete_schedule(tenant: Tenant, schedule: str | uuid.UUID | Schedule) -> None:
+def delete_schedule(
+    tenant: Tenant,
+    schedule: str | uuid.UUID | Schedule,
+    *,
+    operator: str = "system",
+    reason: str = "",
+) -> None:
     with tenant_context(tenant.id):
-        get_schedule(tenant, schedule, lock=True).delete()
+        found = get_schedule(tenant, schedule, lock=True)
+        _audit(tenant, found, "deleted", operator, reason)
+        found.delete()
 
 
 def pause_schedule(
@@ -311,6 +340,7 @@ def pause_schedule(
                 found.notes, now, f"paused by {operator}" + (f": {reason}" if reason else "")
             )
             found.save(update_fields=["enabled", "notes"])
+            _audit(tenant, found, "paused", operator, reason)
     return found
 
 
@@ -319,6 +349,7 @@ def resume_schedule(
     schedule: str | uuid.UUID | Schedule,
     *,
     operator: str = "api",
+    reason: str = "",
     now: datetime | None = None,
 ) -> Schedule:
     """Enable it (idempotent) at its first instant after ``now``: what it would have fired
@@ -330,8 +361,11 @@ def resume_schedule(
             timing = timing_for(found.cron, found.timezone)
             found.enabled = True
             found.next_run_at = timing.next_after(now)
-            found.notes = append_note(found.notes, now, f"resumed by {operator}")
+            found.notes = append_note(
+                found.notes, now, f"resumed by {operator}" + (f": {reason}" if reason else "")
+            )
             found.save(update_fields=["enabled", "next_run_at", "notes"])
+            _audit(tenant, found, "resumed", operator, reason)
     return found
 
 
@@ -347,6 +381,7 @@ def trigger_schedule(
     *,
     now: datetime | None = None,
     overlap_policy: str | None = None,
+    operator: str = "system",
 ) -> list[Delivery]:
     """Fire now, off the cron (works on a disabled schedule too), honouring the overlap
     policy (``overlap_policy`` overrides it). The instant is ``now``."""
@@ -354,7 +389,9 @@ def trigger_schedule(
     policy = _policy(overlap_policy)
     with tenant_context(tenant.id):
         found = get_schedule(tenant, schedule, lock=True)
-        return deliver(found, tenant, now, now, policy=policy)
+        made = deliver(found, tenant, now, now, policy=policy)
+        _audit(tenant, found, "triggered", operator, outcomes=[d.outcome for d in made])
+        return made
 
 
 def backfill_schedule(
@@ -366,6 +403,7 @@ def backfill_schedule(
     now: datetime | None = None,
     overlap_policy: str | None = None,
     max_instants: int = MAX_BACKFILL_INSTANTS,
+    operator: str = "system",
 ) -> list[Delivery]:
     """Deliver every instant ``start <= i <= end`` the schedule names, oldest first, each
     under the overlap policy (so ``skip`` delivers the first and skips those that find it
@@ -393,6 +431,15 @@ def backfill_schedule(
         made: list[Delivery] = []
         for instant in instants:
             made += deliver(found, tenant, instant, now, policy=policy)
+        _audit(
+            tenant,
+            found,
+            "backfilled",
+            operator,
+            start=start.isoformat(),
+            end=end.isoformat(),
+            instants=len(instants),
+        )
     return made
 
 

@@ -85,6 +85,11 @@ class Api:
             path, json.dumps(body), content_type="application/json", **self.headers
         )
 
+    def patch(self, path: str, body: Any) -> Any:
+        return self.client.patch(
+            path, json.dumps(body), content_type="application/json", **self.headers
+        )
+
     def delete(self, path: str) -> Any:
         return self.client.delete(path, **self.headers)
 

@@ -73,4 +73,6 @@ def test_the_documented_walkthrough_runs(
         report
     )
     assert "call(demo, reserve" in out and "await_signals" in out, report
+    assert re.search(r'^\["2\d{3}-\d\d-\d\dT09:00:00\+0[01]:00",', out, re.MULTILINE), report
+    assert '{"name":"morning-orders","enabled":false}' in out, report
     assert '"code":"conflict"' in out and "cannot receive signals" in out, report

@@ -17,7 +17,7 @@ from schedules import services as sched
 from schedules.models import Schedule
 from schedules.scheduler import tick
 from tests.fixtures.wat import Wat
-from workflows.models import Tenant, WorkflowInstance
+from workflows.models import AuditLog, Tenant, WorkflowInstance
 from workflows.tenancy import tenant_context
 from workflows.testing import DatabaseWorkflowEnvironment
 
@@ -147,6 +147,13 @@ def test_enable_disable_and_trigger_actions(env: Any, client: Client) -> None:
     assert "a: 1 started" in [str(m) for m in response.context["messages"]]
     with tenant_context(env.tenant.id):
         assert WorkflowInstance.objects.count() == 1
+        logged = AuditLog.objects.filter(action__startswith="schedule_").order_by("created_at")
+        assert [(a.action, a.operator) for a in logged] == [
+            ("schedule_created", "system"),
+            ("schedule_paused", "admin:op"),
+            ("schedule_resumed", "admin:op"),
+            ("schedule_triggered", "admin:op"),
+        ]
 
 
 def test_backfill_action_asks_for_the_range_then_delivers_it(env: Any, client: Client) -> None:

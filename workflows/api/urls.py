@@ -9,6 +9,7 @@ from rest_framework.routers import SimpleRouter
 
 from workflows.api.errors import not_found_view
 from workflows.api.health import HealthView, MetricsView
+from workflows.api.schedules import ScheduleViewSet
 from workflows.api.views import (
     NAME_REGEX,
     DefinitionVersionViewSet,
@@ -26,6 +27,7 @@ router.register(
 )
 router.register("workflows", WorkflowViewSet, basename="workflow")
 router.register("promises", PromiseViewSet, basename="promise")
+router.register("schedules", ScheduleViewSet, basename="schedule")
 
 urlpatterns = [
     path("api/v1/", include(router.urls)),

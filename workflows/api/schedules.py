@@ -1,0 +1,502 @@
+"""Schedules through the REST API (``/api/v1/schedules``): CRUD, pause and resume, trigger,
+a preview of the next fire times, backfill, and a preview of an expression not yet saved.
+
+The serializers here check types and bounds only; every rule about a schedule (the cron
+expression, the zone, the definition, version, tag and entry point, the quota) is
+``schedules.services``'s, whose errors name the offending field. A schedule is addressed by
+its id or by its name.
+"""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+from typing import Any
+
+from django.db.models import Q, QuerySet
+from django.utils import timezone
+from drf_spectacular.utils import extend_schema
+from rest_framework import serializers, status
+from rest_framework.decorators import action
+from rest_framework.request import Request
+from rest_framework.response import Response
+
+from schedules import services as schedule_services
+from schedules.models import MisfirePolicy, OverlapPolicy, Schedule
+from schedules.scheduler import Delivery
+from workflows import services
+from workflows.api.errors import InvalidRequest
+from workflows.api.pagination import StrictCursorPagination
+from workflows.api.serializers import (
+    INT32_MAX,
+    MAX_REASON,
+    NAME_PATTERN,
+    TAG_PATTERN,
+    JsonTextField,
+    ReasonSerializer,
+)
+from workflows.api.views import NAME_REGEX, TenantViewSet, _errors
+from workflows.models import Role
+
+# Instants the cron math is asked about stay within these years: far enough for any real
+# backfill or preview, and clear of datetime's limits once a zone's offset is applied.
+EARLIEST = datetime(1970, 1, 1, tzinfo=UTC)
+LATEST = datetime(2200, 1, 1, tzinfo=UTC)
+MAX_NOTES = 10_000
+
+_CRON_HELP = (
+    "Five fields (minute hour day-of-month month day-of-week) or @hourly, @daily, @weekly, "
+    "@monthly, @yearly, evaluated on the wall clock of `timezone`. An expression that can "
+    "never fire (`0 0 30 2 *`) is refused."
+)
+
+
+class BoundedDateTimeField(serializers.DateTimeField):
+    """A date and time (ISO 8601; without an offset it is UTC) from 1970 to 2199."""
+
+    def to_internal_value(self, value: Any) -> datetime:
+        parsed: datetime = super().to_internal_value(value)
+        if not EARLIEST <= parsed < LATEST:
+            raise serializers.ValidationError("Must be from 1970 to 2199.", code="invalid")
+        return parsed
+
+
+# --- output --------------------------------------------------------------------------------------
+
+
+class ScheduleSerializer(serializers.ModelSerializer):
+    input = JsonTextField()
+    buffered = serializers.IntegerField(
+        source="buffered_count",
+        read_only=True,
+        help_text="Instants waiting for the previous run (buffer_one, buffer_all).",
+    )
+
+    class Meta:
+        model = Schedule
+        fields = [
+            "id",
+            "name",
+            "workflow_name",
+            "workflow_version",
+            "workflow_tag",
+            "entry_point",
+            "cron",
+            "timezone",
+            "input",
+            "enabled",
+            "misfire_policy",
+            "catch_up_limit",
+            "overlap_policy",
+            "pause_on_failure",
+            "notes",
+            "next_run_at",
+            "last_run_at",
+            "last_run_id",
+            "buffered",
+            "created_by_run",
+            "created_at",
+        ]
+        read_only_fields = fields
+
+
+class DeliverySerializer(serializers.Serializer):
+    instant = serializers.DateTimeField(help_text="The instant delivered (UTC).")
+    outcome = serializers.ChoiceField(
+        choices=["started", "existing", "skipped", "buffered", "dropped"],
+        help_text="started; existing: this instant's run already existed; skipped (overlap "
+        "policy skip); buffered; dropped (buffer_one already holds one).",
+    )
+    run_id = serializers.UUIDField(allow_null=True)
+    replaced = serializers.ListField(
+        child=serializers.UUIDField(),
+        help_text="Runs cancelled or terminated for this one (cancel_other, terminate_other).",
+    )
+
+
+class DeliveriesSerializer(serializers.Serializer):
+    schedule = serializers.CharField()
+    deliveries = DeliverySerializer(many=True)
+
+
+class FireTimesSerializer(serializers.Serializer):
+    cron = serializers.CharField()
+    timezone = serializers.CharField()
+    fire_times = serializers.ListField(
+        child=serializers.DateTimeField(), help_text="The next instants, in UTC, oldest first."
+    )
+    local_times = serializers.ListField(
+        child=serializers.CharField(), help_text="The same instants on the zone's wall clock."
+    )
+
+
+# --- input ---------------------------------------------------------------------------------------
+
+
+class ScheduleWriteSerializer(serializers.Serializer):
+    """A schedule's settable fields. Omitted on create (and on PUT): the defaults; on PATCH:
+    unchanged. Read-only fields sent back (``id``, ``next_run_at``…) are ignored."""
+
+    name = serializers.RegexField(NAME_PATTERN, max_length=128, help_text="Unique in the tenant.")
+    workflow_name = serializers.RegexField(
+        NAME_PATTERN, max_length=128, help_text="The definition each run starts."
+    )
+    workflow_version = serializers.IntegerField(
+        required=False, allow_null=True, min_value=1, max_value=INT32_MAX, help_text="Pin one."
+    )
+    workflow_tag = serializers.RegexField(
+        TAG_PATTERN, max_length=64, required=False, allow_blank=True, help_text="Or a tag."
+    )
+    entry_point = serializers.CharField(required=False, max_length=128, help_text="Default run.")
+    cron = serializers.CharField(max_length=128, help_text=_CRON_HELP)
+    timezone = serializers.CharField(
+        required=False, max_length=64, help_text="IANA zone name; default UTC."
+    )
+    input = serializers.JSONField(
+        required=False, allow_null=True, help_text="JSON passed to every run."
+    )
+    enabled = serializers.BooleanField(required=False)
+    misfire_policy = serializers.ChoiceField(
+        choices=MisfirePolicy.choices, required=False, help_text="Default catch_up."
+    )
+    catch_up_limit = serializers.IntegerField(
+        required=False, min_value=1, max_value=schedule_services.MAX_CATCH_UP_LIMIT
+    )
+    overlap_policy = serializers.ChoiceField(
+        choices=OverlapPolicy.choices, required=False, help_text="Default allow."
+    )
+    pause_on_failure = serializers.BooleanField(required=False)
+    notes = serializers.CharField(
+        required=False, allow_blank=True, max_length=MAX_NOTES, trim_whitespace=False
+    )
+
+    def validate(self, attrs: dict[str, Any]) -> dict[str, Any]:
+        if isinstance(self.initial_data, dict):
+            known = set(self.fields) | set(ScheduleSerializer.Meta.fields)
+            unknown = sorted(str(key) for key in self.initial_data if key not in known)
+            if unknown:
+                raise serializers.ValidationError(
+                    {unknown[0]: "This is not a field of a schedule."}, code="invalid"
+                )
+        if attrs.get("workflow_version") is not None and attrs.get("workflow_tag"):
+            raise serializers.ValidationError(
+                {"workflow_tag": "Give a workflow_version or a workflow_tag, not both."}
+            )
+        return attrs
+
+
+class ScheduleFilterSerializer(serializers.Serializer):
+    enabled = serializers.BooleanField(required=False, allow_null=True, default=None)
+    workflow_name = serializers.RegexField(NAME_PATTERN, max_length=128, required=False)
+    search = serializers.CharField(
+        required=False, max_length=128, help_text="Text contained in the name or the notes."
+    )
+
+
+class PreviewQuerySerializer(serializers.Serializer):
+    count = serializers.IntegerField(
+        required=False, default=5, min_value=1, max_value=schedule_services.MAX_PREVIEW
+    )
+    after = BoundedDateTimeField(required=False, help_text="Default: now.")
+
+
+class ExpressionPreviewSerializer(serializers.Serializer):
+    cron = serializers.CharField(max_length=128, help_text=_CRON_HELP)
+    timezone = serializers.CharField(required=False, default="UTC", max_length=64)
+    count = serializers.IntegerField(
+        required=False, default=5, min_value=1, max_value=schedule_services.MAX_PREVIEW
+    )
+    after = BoundedDateTimeField(required=False, help_text="Default: now.")
+
+
+class TriggerSerializer(serializers.Serializer):
+    overlap_policy = serializers.ChoiceField(
+        choices=OverlapPolicy.choices,
+        required=False,
+        help_text="Use this overlap policy instead of the schedule's.",
+    )
+
+
+class BackfillSerializer(TriggerSerializer):
+    start = BoundedDateTimeField(help_text="First instant considered (inclusive).")
+    end = BoundedDateTimeField(help_text="Last instant considered (inclusive); not in the future.")
+
+    def validate(self, attrs: dict[str, Any]) -> dict[str, Any]:
+        if attrs["end"] < attrs["start"]:
+            raise serializers.ValidationError({"end": "end is before start."})
+        return attrs
+
+
+class DeleteSerializer(serializers.Serializer):
+    reason = serializers.CharField(
+        required=False, allow_blank=True, max_length=MAX_REASON, default=""
+    )
+
+
+# --- the viewset ---------------------------------------------------------------------------------
+
+
+class SchedulePagination(StrictCursorPagination):
+    ordering = "name"
+
+
+def _fire_times(cron: str, zone: str, instants: list[datetime]) -> dict[str, Any]:
+    local = schedule_services.timing_for(cron, zone).zone
+    return {
+        "cron": cron,
+        "timezone": zone,
+        "fire_times": instants,
+        "local_times": [i.astimezone(local).isoformat() for i in instants],
+    }
+
+
+def _deliveries(schedule: Schedule, made: list[Delivery]) -> dict[str, Any]:
+    return DeliveriesSerializer(
+        {
+            "schedule": schedule.name,
+            "deliveries": [
+                {
+                    "instant": d.instant,
+                    "outcome": d.outcome,
+                    "run_id": d.run_id,
+                    "replaced": list(d.replaced),
+                }
+                for d in made
+            ],
+        }
+    ).data
+
+
+@extend_schema(tags=["schedules"])
+class ScheduleViewSet(TenantViewSet):
+    """Cron schedules that start workflows."""
+
+    # The URL names a schedule by id or by name; "name" types the path parameter as a string.
+    lookup_field = "name"
+    lookup_url_kwarg = "schedule"
+    lookup_value_regex = NAME_REGEX
+    serializer_class = ScheduleSerializer
+    pagination_class = SchedulePagination
+    # Previewing an expression changes nothing: read_only keys may (it is a POST for its body).
+    action_roles = {"preview_expression": Role.READ_ONLY}
+
+    def get_queryset(self) -> QuerySet[Schedule]:
+        if getattr(self, "swagger_fake_view", False):
+            return Schedule.objects.none()
+        return Schedule.objects.filter(tenant_id=self.tenant.id)
+
+    def _one(self, key: str) -> Schedule:
+        return schedule_services.get_schedule(self.tenant, key)
+
+    def _write(self, partial: bool) -> dict[str, Any]:
+        serializer = ScheduleWriteSerializer(data=self.request.data, partial=partial)
+        serializer.is_valid(raise_exception=True)
+        values = dict(serializer.validated_data)
+        if "input" in values:
+            values["input"] = services.json_text(values["input"], "input")
+        return values
+
+    def _saved(self, save: Any) -> Schedule:
+        try:
+            saved: Schedule = save()
+        except services.NotFound as exc:
+            if exc.field in ("workflow_name", "workflow_version", "workflow_tag"):
+                # The body names a definition that does not exist: bad input, not a bad URL.
+                raise InvalidRequest(exc.message, "unknown_definition", exc.field) from None
+            raise
+        return saved
+
+    @extend_schema(
+        summary="List schedules",
+        parameters=[ScheduleFilterSerializer],
+        responses=ScheduleSerializer(many=True),
+    )
+    def list(self, request: Request) -> Response:
+        query = self.params(ScheduleFilterSerializer)
+        found = self.get_queryset()
+        if query.get("enabled") is not None:
+            found = found.filter(enabled=query["enabled"])
+        if query.get("workflow_name"):
+            found = found.filter(workflow_name=query["workflow_name"])
+        if query.get("search"):
+            text = query["search"]
+            found = found.filter(Q(name__icontains=text) | Q(notes__icontains=text))
+        return self.paginated(found, ScheduleSerializer)
+
+    @extend_schema(
+        summary="Create a schedule",
+        description=(
+            "`name`, `workflow_name` and `cron` are required. The definition (and the version, "
+            "tag and entry point given) must exist; the first fire time is the expression's "
+            "first instant after now. 409 for a name already used or a full schedule quota."
+        ),
+        request=ScheduleWriteSerializer,
+        responses={201: ScheduleSerializer},
+    )
+    @_errors(409)
+    def create(self, request: Request) -> Response:
+        values = self._write(partial=False)
+        created = self._saved(
+            lambda: schedule_services.create_schedule(self.tenant, operator=self.operator, **values)
+        )
+        return Response(ScheduleSerializer(created).data, status=status.HTTP_201_CREATED)
+
+    @extend_schema(summary="A schedule (by id or name)")
+    def retrieve(self, request: Request, schedule: str) -> Response:
+        return Response(ScheduleSerializer(self._one(schedule)).data)
+
+    @extend_schema(
+        summary="Replace a schedule's settings",
+        description=(
+            "Every settable field; those omitted take their defaults. A new expression or zone, "
+            "or enabling, restarts the schedule at its next future instant."
+        ),
+        request=ScheduleWriteSerializer,
+        responses=ScheduleSerializer,
+    )
+    @_errors(409)
+    def update(self, request: Request, schedule: str) -> Response:
+        values = {**schedule_services.DEFAULTS, **self._write(partial=False)}
+        saved = self._saved(
+            lambda: schedule_services.update_schedule(
+                self.tenant, schedule, operator=self.operator, **values
+            )
+        )
+        return Response(ScheduleSerializer(saved).data)
+
+    @extend_schema(
+        summary="Change some of a schedule's settings",
+        description=(
+            "Only the fields given change. A new expression or zone, or enabling, restarts the "
+            "schedule at its next future instant."
+        ),
+        request=ScheduleWriteSerializer(partial=True),
+        responses=ScheduleSerializer,
+    )
+    @_errors(409)
+    def partial_update(self, request: Request, schedule: str) -> Response:
+        values = self._write(partial=True)
+        saved = self._saved(
+            lambda: schedule_services.update_schedule(
+                self.tenant, schedule, operator=self.operator, **values
+            )
+        )
+        return Response(ScheduleSerializer(saved).data)
+
+    @extend_schema(
+        summary="Delete a schedule",
+        description="Runs it started are not touched. `?reason=` goes to the audit log.",
+        parameters=[DeleteSerializer],
+        responses={204: None},
+    )
+    def destroy(self, request: Request, schedule: str) -> Response:
+        reason = self.params(DeleteSerializer)["reason"]
+        schedule_services.delete_schedule(
+            self.tenant, schedule, operator=self.operator, reason=reason
+        )
+        return Response(status=status.HTTP_204_NO_CONTENT)
+
+    @extend_schema(
+        summary="Pause (disable) a schedule",
+        description="Idempotent. The reason is recorded in its notes and the audit log.",
+        request=ReasonSerializer,
+        responses=ScheduleSerializer,
+    )
+    @action(detail=True, methods=["post"])
+    def pause(self, request: Request, schedule: str) -> Response:
+        reason = self.validated(ReasonSerializer)["reason"]
+        paused = schedule_services.pause_schedule(
+            self.tenant, schedule, reason=reason, operator=self.operator
+        )
+        return Response(ScheduleSerializer(paused).data)
+
+    @extend_schema(
+        summary="Resume (enable) a schedule",
+        description=(
+            "Idempotent. It fires next at its first instant after now: what it would have "
+            "fired while paused is not owed (backfill delivers that)."
+        ),
+        request=ReasonSerializer,
+        responses=ScheduleSerializer,
+    )
+    @action(detail=True, methods=["post"])
+    def resume(self, request: Request, schedule: str) -> Response:
+        reason = self.validated(ReasonSerializer)["reason"]
+        resumed = schedule_services.resume_schedule(
+            self.tenant, schedule, reason=reason, operator=self.operator
+        )
+        return Response(ScheduleSerializer(resumed).data)
+
+    @extend_schema(
+        summary="Fire now",
+        description=(
+            "Delivers the instant now, off the cron (a paused schedule too), under the "
+            "schedule's overlap policy or the one given."
+        ),
+        request=TriggerSerializer,
+        responses=DeliveriesSerializer,
+    )
+    @action(detail=True, methods=["post"])
+    def trigger(self, request: Request, schedule: str) -> Response:
+        body = self.validated(TriggerSerializer)
+        made = schedule_services.trigger_schedule(
+            self.tenant,
+            schedule,
+            overlap_policy=body.get("overlap_policy"),
+            operator=self.operator,
+        )
+        return Response(_deliveries(self._one(schedule), made))
+
+    @extend_schema(
+        summary="Deliver the instants of a past time range",
+        description=(
+            "Every instant of the expression in `[start, end]` (past only, at most "
+            f"{schedule_services.MAX_BACKFILL_INSTANTS}), oldest first, each under the overlap "
+            "policy (the schedule's, or the one given). An instant that already fired returns "
+            "its existing run."
+        ),
+        request=BackfillSerializer,
+        responses=DeliveriesSerializer,
+    )
+    @action(detail=True, methods=["post"])
+    def backfill(self, request: Request, schedule: str) -> Response:
+        body = self.validated(BackfillSerializer)
+        made = schedule_services.backfill_schedule(
+            self.tenant,
+            schedule,
+            body["start"],
+            body["end"],
+            overlap_policy=body.get("overlap_policy"),
+            operator=self.operator,
+        )
+        return Response(_deliveries(self._one(schedule), made))
+
+    @extend_schema(
+        summary="The schedule's next fire times",
+        parameters=[PreviewQuerySerializer],
+        responses=FireTimesSerializer,
+    )
+    @action(detail=True, methods=["get"], url_path="preview", pagination_class=None)
+    def preview(self, request: Request, schedule: str) -> Response:
+        query = self.params(PreviewQuerySerializer)
+        found = self._one(schedule)
+        instants = schedule_services.preview_schedule(
+            self.tenant, found, count=query["count"], after=query.get("after") or timezone.now()
+        )
+        return Response(FireTimesSerializer(_fire_times(found.cron, found.timezone, instants)).data)
+
+    @extend_schema(
+        summary="Preview an expression before saving it",
+        description="Checks `cron` and `timezone` as a create would and lists the next instants.",
+        request=ExpressionPreviewSerializer,
+        responses=FireTimesSerializer,
+    )
+    @action(detail=False, methods=["post"], url_path="preview", pagination_class=None)
+    def preview_expression(self, request: Request) -> Response:
+        body = self.validated(ExpressionPreviewSerializer)
+        instants = schedule_services.preview_expression(
+            body["cron"], body["timezone"], count=body["count"], after=body.get("after")
+        )
+        timing = schedule_services.timing_for(body["cron"], body["timezone"])
+        return Response(
+            FireTimesSerializer(_fire_times(timing.expression, timing.timezone, instants)).data
+        )
