@@ -41,6 +41,7 @@ INSTALLED_APPS = [
     "django.contrib.staticfiles",
     "rest_framework",
     "drf_spectacular",
+    "drf_spectacular_sidecar",  # Swagger UI's files served by us, not a CDN
     "workflows",
     "workflows.api",
     "schedules",
@@ -146,10 +147,15 @@ REST_FRAMEWORK = {
 }
 SPECTACULAR_SETTINGS = {
     "TITLE": "cleat API",
-    "DESCRIPTION": "Durable WebAssembly workflows: definitions, runs, promises. See docs/api.md.",
+    "DESCRIPTION": (
+        "Durable WebAssembly workflows: definitions, runs, promises, schedules. See docs/api.md."
+    ),
     "VERSION": "1",
     "SERVE_INCLUDE_SCHEMA": False,
     "COMPONENT_SPLIT_REQUEST": True,
+    "SWAGGER_UI_DIST": "SIDECAR",
+    "SWAGGER_UI_FAVICON_HREF": "SIDECAR",
+    "REDOC_DIST": "SIDECAR",
     "ENUM_NAME_OVERRIDES": {
         "RunStatusEnum": "workflows.models.Status",
         "PromiseStatusEnum": "workflows.models.Promise.State",

@@ -16,6 +16,7 @@ from typing import Any
 import pytest
 import schemathesis
 from django.conf import settings
+from django.contrib.staticfiles import finders
 from django.core.cache import cache
 from django.core.handlers.wsgi import WSGIHandler
 from django.core.management import call_command
@@ -87,6 +88,12 @@ def test_schema_and_swagger_ui_are_served() -> None:
                 }
     docs = client.get("/api/docs/")
     assert docs.status_code == 200 and b"swagger" in docs.content.lower()
+    # Swagger UI's own files come from this server (an air-gapped install still has its docs).
+    page = docs.content.decode()
+    assert "cdn.jsdelivr" not in page and "unpkg" not in page
+    bundle = "drf_spectacular_sidecar/swagger-ui-dist/swagger-ui-bundle.js"
+    assert f"/static/{bundle}" in page
+    assert finders.find(bundle) is not None
 
 
 @pytest.fixture
