@@ -15,6 +15,7 @@ backtrace.
 from __future__ import annotations
 
 import ast
+import contextlib
 import hashlib
 import importlib.metadata
 import json
@@ -40,6 +41,9 @@ ENTRY_MODULE = "cleat_entry__"
 HOST_ONLY = frozenset({"build.py", "testing.py"})
 RESERVED_MODULES = frozenset({"wit_world", "cleat_workflow", ENTRY_MODULE, "poll_loop"})
 BUILD_TIMEOUT_S = 900
+# The cache keeps the most recently used builds within this many bytes (a Python component
+# is 20-40 MB); ``$CLEAT_COMPONENT_CACHE_MAX_MB`` overrides it, 0 turns pruning off.
+DEFAULT_CACHE_MAX_BYTES = 2 * 1024**3
 
 
 class BuildError(Exception):
@@ -76,6 +80,90 @@ def cache_dir() -> Path:
         return Path(explicit)
     base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
     return Path(base) / "cleat" / "components"
+
+
+def cache_max_bytes() -> int:
+    """The cache's size budget: ``$CLEAT_COMPONENT_CACHE_MAX_MB`` (0: unlimited), else 2 GiB."""
+    raw = os.environ.get("CLEAT_COMPONENT_CACHE_MAX_MB", "").strip()
+    if not raw:
+        return DEFAULT_CACHE_MAX_BYTES
+    try:
+        megabytes = int(raw)
+    except ValueError:
+        raise BuildError(
+            f"CLEAT_COMPONENT_CACHE_MAX_MB must be a whole number of megabytes, not {raw!r}"
+        ) from None
+    if megabytes < 0:
+        raise BuildError("CLEAT_COMPONENT_CACHE_MAX_MB must not be negative")
+    return megabytes * 1024 * 1024
+
+
+@dataclass(frozen=True)
+class PruneResult:
+    removed: tuple[str, ...]  # cache keys removed, least recently used first
+    freed_bytes: int
+    kept_bytes: int
+
+
+def _entry_key(path: Path) -> str | None:
+    name = path.name
+    for suffix in (".error.json", ".wasm", ".json"):
+        if name.endswith(suffix) and len(name) == 64 + len(suffix):
+            return name[:64]
+    return None
+
+
+def prune_cache(
+    directory: Path | None = None, max_bytes: int | None = None, *, keep: Sequence[str] = ()
+) -> PruneResult:
+    """Remove the least recently used builds until the cache holds at most ``max_bytes``
+    (default :func:`cache_max_bytes`; 0 means no limit). A build is its component, its
+    metadata and any cached failure; "used" is the newest modification time among them (a
+    cache hit touches the component). ``keep`` names keys never removed (the build just
+    made). Leftover partial files older than a day go too. Files of other names are not
+    touched."""
+    directory = directory or cache_dir()
+    limit = cache_max_bytes() if max_bytes is None else max_bytes
+    if not directory.is_dir():
+        return PruneResult((), 0, 0)
+    entries: dict[str, list[Path]] = {}
+    now = time.time()
+    for path in directory.iterdir():
+        if path.suffix == ".part" and path.is_file():
+            with contextlib.suppress(FileNotFoundError):
+                if now - path.stat().st_mtime > 86400:
+                    path.unlink()
+            continue
+        key = _entry_key(path)
+        if key is not None and path.is_file():
+            entries.setdefault(key, []).append(path)
+    sized: list[tuple[float, str, int, list[Path]]] = []
+    for key, paths in entries.items():
+        stats = []
+        for path in paths:
+            try:
+                stats.append(path.stat())
+            except FileNotFoundError:
+                continue
+        if stats:
+            used = max(st.st_mtime for st in stats)
+            sized.append((used, key, sum(st.st_size for st in stats), paths))
+    total = sum(size for _, _, size, _ in sized)
+    removed: list[str] = []
+    freed = 0
+    if limit > 0:
+        for _, key, size, paths in sorted(sized):
+            if total <= limit:
+                break
+            if key in keep:
+                continue
+            for path in paths:
+                with contextlib.suppress(FileNotFoundError):
+                    path.unlink()
+            removed.append(key)
+            total -= size
+            freed += size
+    return PruneResult(tuple(removed), freed, total)
 
 
 def componentize_py_version() -> str:
@@ -202,13 +290,18 @@ def build_component(
         message = json.loads(failure.read_text())["message"]
         raise BuildError(message.replace(_APP_DIR, str(app.parent)))
     hit = cached.is_file() and not force
-    if not hit:
+    if hit:
+        # Most recently used: the last the pruning removes (a read-only cache still serves).
+        with contextlib.suppress(OSError):
+            os.utime(cached)
+    else:
         try:
             _componentize(app, module, extra, directory, cached)
         except GuestCodeError as exc:
             text = json.dumps({"message": exc.message.replace(str(app.parent), _APP_DIR)})
             _write_text(failure, text)
             raise BuildError(exc.message) from None
+        prune_cache(directory, keep=[key])
     if output is not None:
         target = Path(output)
         target.parent.mkdir(parents=True, exist_ok=True)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import time
 from pathlib import Path
 
@@ -158,3 +159,75 @@ def test_sdk_operations_outside_a_component_say_so() -> None:
 
     with pytest.raises(OutsideWorkflow, match="build_workflow"):
         Context("run").call("shop", "price")
+
+
+# --- the cache's size budget -------------------------------------------------------------------
+
+
+def _entry(directory: Path, key_char: str, size: int, used: float, failure: bool = False) -> str:
+    key = key_char * 64
+    (directory / f"{key}.wasm").write_bytes(b"\0" * size)
+    (directory / f"{key}.json").write_text("{}")
+    paths = [directory / f"{key}.wasm", directory / f"{key}.json"]
+    if failure:
+        (directory / f"{key}.error.json").write_text('{"message": "x"}')
+        paths.append(directory / f"{key}.error.json")
+    for path in paths:
+        os.utime(path, (used, used))
+    return key
+
+
+def test_prune_removes_the_least_recently_used_builds_down_to_the_budget(
+    tmp_path: Path,
+) -> None:
+    now = time.time()
+    old = _entry(tmp_path, "a", 1000, now - 300, failure=True)
+    middle = _entry(tmp_path, "b", 1000, now - 200)
+    new = _entry(tmp_path, "c", 1000, now - 100)
+    (tmp_path / "notes.txt").write_text("not the cache's")
+    result = build.prune_cache(tmp_path, 2100)
+    assert result.removed == (old,)
+    assert result.freed_bytes == 1000 + 2 + len('{"message": "x"}')
+    assert sorted(p.name[:64] for p in tmp_path.glob("*.wasm")) == [middle, new]
+    assert not list(tmp_path.glob(f"{old}*"))
+    assert (tmp_path / "notes.txt").exists()
+    assert build.prune_cache(tmp_path, 2100).removed == ()  # already within the budget
+    assert build.prune_cache(tmp_path, 500, keep=[middle]).removed == (new,)
+    assert build.prune_cache(tmp_path, 0).removed == ()  # 0: no limit
+
+
+def test_prune_clears_stale_partial_files_only(tmp_path: Path) -> None:
+    stale, fresh = tmp_path / "x.part", tmp_path / "y.part"
+    stale.write_bytes(b"1")
+    fresh.write_bytes(b"2")
+    os.utime(stale, (time.time() - 2 * 86400,) * 2)
+    build.prune_cache(tmp_path, 10)
+    assert not stale.exists() and fresh.exists()
+
+
+def test_a_cache_hit_counts_as_a_use(tmp_path: Path) -> None:
+    app = tmp_path / "src" / "app.py"
+    write(tmp_path / "src", {"app.py": "x = 1\n"})
+    cache = tmp_path / "cache"
+    cache.mkdir()
+    key = build_key(app, source_files(app), [])
+    (cache / f"{key}.wasm").write_bytes(b"component")
+    os.utime(cache / f"{key}.wasm", (time.time() - 3600,) * 2)
+    before = (cache / f"{key}.wasm").stat().st_mtime
+    result = build_component(app, cache=cache)
+    assert result.cached and result.key == key
+    assert (cache / f"{key}.wasm").stat().st_mtime > before + 3000
+
+
+@pytest.mark.parametrize(("raw", "expected"), [("", 2 * 1024**3), ("0", 0), ("64", 64 << 20)])
+def test_the_budget_comes_from_the_environment(
+    monkeypatch: pytest.MonkeyPatch, raw: str, expected: int
+) -> None:
+    monkeypatch.setenv("CLEAT_COMPONENT_CACHE_MAX_MB", raw)
+    assert build.cache_max_bytes() == expected
+
+
+def test_a_bad_budget_is_a_clear_error(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("CLEAT_COMPONENT_CACHE_MAX_MB", "lots")
+    with pytest.raises(BuildError, match="whole number of megabytes"):
+        build.cache_max_bytes()
