@@ -6,6 +6,7 @@ import json
 from typing import Any
 
 from django.core.management.base import CommandError, CommandParser
+from django.db import DatabaseError
 
 from workflows.models import DEFAULT_TENANT_ID, Tenant
 from workflows.services import ServiceError, get_tenant
@@ -24,6 +25,13 @@ def tenant_from(options: dict[str, Any]) -> Tenant:
         return get_tenant(options["tenant"])
     except ServiceError as exc:
         raise CommandError(exc.message) from None
+    except DatabaseError as exc:
+        # The first query of most commands: say what to do rather than print a traceback.
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        raise CommandError(
+            f"the database is not ready ({first}): is DATABASE_URL right, and has "
+            "'manage.py migrate' been run?"
+        ) from None
 
 
 def parse_json_option(value: str | None, name: str) -> Any:
