@@ -9,6 +9,7 @@ from __future__ import annotations
 import base64
 import hashlib
 import uuid
+from collections.abc import Callable
 
 
 def idempotency_key(workflow_id: str, run_id: str, step: int) -> str:
@@ -20,7 +21,87 @@ def idempotency_key(workflow_id: str, run_id: str, step: int) -> str:
     digest = hashlib.sha256(
         workflow_id.encode() + b"\x00" + run_id.encode() + b"\x00" + str(step).encode()
     ).digest()
-    return base64.b32encode(digest).decode().rstrip("=").lower()
+    return b32_lower(digest)
+
+
+class IdempotencyKeys:
+    """``idempotency_key(workflow_id, run_id, step)`` of one run, as ``keys(step)``: the
+    common prefix ``wf ‖ 0x00 ‖ run ‖ 0x00`` is hashed once and the hash state copied for
+    each step (a durable call asks for one key per step)."""
+
+    __slots__ = ("_prefix",)
+
+    def __init__(self, workflow_id: str, run_id: str) -> None:
+        self._prefix = hashlib.sha256(workflow_id.encode() + b"\x00" + run_id.encode() + b"\x00")
+
+    def __call__(self, step: int) -> str:
+        state = self._prefix.copy()
+        state.update(str(step).encode())
+        return b32_lower(state.digest())
+
+
+# --- base32 --------------------------------------------------------------------------------
+# ``base64.b32encode`` is pure Python in 3.11 (a loop over 5-byte chunks, about 3.5 µs for a
+# SHA-256 digest). ``b32_lower`` gives the same text (RFC 4648 alphabet, lower case, padding
+# removed) with a fixed number of big-integer operations: the input, read as one integer,
+# has its 5-bit groups spread apart into one byte each (six halvings, for up to 64 groups),
+# and ``bytes.translate`` maps each byte 0-31 to its letter.
+
+_B32_ALPHABET = b"abcdefghijklmnopqrstuvwxyz234567"
+_B32_TABLE = bytes.maketrans(bytes(range(32)), _B32_ALPHABET)
+_B32_LANES = 64  # 5-bit groups the spreading handles: inputs of up to 40 bytes
+_B32_FAST_MAX_BYTES = _B32_LANES * 5 // 8
+
+
+def _b32_spread_steps() -> tuple[tuple[int, int, int], ...]:
+    """``(keep, move, shift)`` for each halving: ``x = (x & keep) | ((x & move) << shift)``.
+
+    Before a halving the number is made of lanes of ``width`` bits, each holding ``groups``
+    5-bit groups packed at its low end; afterwards, lanes of half the width each hold half
+    the groups, so after the last one every group sits alone at the bottom of its byte."""
+    steps: list[tuple[int, int, int]] = []
+    groups, width = _B32_LANES, 8 * _B32_LANES
+    while groups > 1:
+        half_bits = 5 * (groups // 2)
+        low = (1 << half_bits) - 1
+        keep = move = 0
+        for base in range(0, 8 * _B32_LANES, width):
+            keep |= low << base
+            move |= low << (base + half_bits)
+        steps.append((keep, move, width // 2 - half_bits))
+        groups, width = groups // 2, width // 2
+    return tuple(steps)
+
+
+def _make_b32_lower() -> Callable[[bytes], str]:
+    # The masks and shifts live in closure cells, which read as fast as locals.
+    (k0, m0, s0), (k1, m1, s1), (k2, m2, s2), (k3, m3, s3), (k4, m4, s4), (k5, m5, s5) = (
+        _b32_spread_steps()
+    )
+    lanes, fast_max, table = _B32_LANES, _B32_FAST_MAX_BYTES, _B32_TABLE
+    from_bytes = int.from_bytes
+
+    def b32_lower(data: bytes) -> str:
+        """``base64.b32encode(data).decode().rstrip("=").lower()``, several times faster for
+        short inputs (digests); inputs over 40 bytes go through ``base64``."""
+        size = len(data)
+        if size > fast_max:
+            return base64.b32encode(data).decode().rstrip("=").lower()
+        groups = (size * 8 + 4) // 5
+        # The groups at the low end: the last one is padded with zero bits, as in base32.
+        x = from_bytes(data, "big") << (groups * 5 - size * 8)
+        x = (x & k0) | ((x & m0) << s0)
+        x = (x & k1) | ((x & m1) << s1)
+        x = (x & k2) | ((x & m2) << s2)
+        x = (x & k3) | ((x & m3) << s3)
+        x = (x & k4) | ((x & m4) << s4)
+        x = (x & k5) | ((x & m5) << s5)
+        return x.to_bytes(lanes, "big")[lanes - groups :].translate(table).decode()
+
+    return b32_lower
+
+
+b32_lower = _make_b32_lower()
 
 
 def derived_uuid(*parts: str | int) -> str:

@@ -19,10 +19,15 @@ from __future__ import annotations
 import dataclasses
 import enum
 import hashlib
+import inspect
 import json
-from collections.abc import Iterable, Mapping
+import json.decoder
+import json.encoder
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
-from typing import Any, ClassVar, NamedTuple
+from typing import Any, ClassVar, NamedTuple, TypeVar
+
+R = TypeVar("R")
 
 
 class EventType(enum.StrEnum):
@@ -730,17 +735,127 @@ _TUPLE_FIELDS: dict[type[Event], frozenset[str]] = {
 
 # Built once: json.dumps with non-default options constructs an encoder per call.
 _ENCODER = json.JSONEncoder(separators=(",", ":"), ensure_ascii=False)
+# What that encoder makes of a string, alone or inside an object (C-backed).
+_json_string: Callable[[str], str] = json.encoder.encode_basestring
+_int_text = int.__repr__  # what json writes for an int (the C encoder calls int's repr)
+_new_tuple = tuple.__new__
+
+
+def _json_value(value: Any) -> str:
+    """A field's value as it appears in the payload object (tuples become arrays)."""
+    return _ENCODER.encode(list(value) if isinstance(value, tuple) else value)
+
+
+def record_maker(cls: type[R]) -> Callable[..., R]:
+    """A constructor of the frozen, slotted dataclass ``cls`` that takes the same arguments
+    as its ``__init__`` (same defaults) and builds the same instance, several times faster.
+
+    A frozen dataclass's ``__init__`` sets each field through ``object.__setattr__`` by
+    name; this sets each slot through its descriptor directly. Only for dataclasses whose
+    ``__init__`` does nothing else: no ``__post_init__``, no default factories, no
+    ``InitVar``."""
+    if not dataclasses.is_dataclass(cls) or hasattr(cls, "__post_init__"):
+        raise TypeError(f"{cls.__name__} is not a plain dataclass")
+    fields = dataclasses.fields(cls)
+    namespace: dict[str, Any] = {"_new": object.__new__, "_cls": cls}
+    positional: list[str] = []
+    keyword: list[str] = []
+    body: list[str] = []
+    for i, f in enumerate(fields):
+        descriptor = inspect.getattr_static(cls, f.name)
+        if (
+            type(descriptor).__name__ != "member_descriptor"
+            or f.default_factory is not dataclasses.MISSING
+            or not f.init
+        ):
+            raise TypeError(f"{cls.__name__}.{f.name} is not a plain slot")
+        namespace[f"_set{i}"] = descriptor.__set__
+        param = f.name
+        if f.default is not dataclasses.MISSING:
+            namespace[f"_d{i}"] = f.default
+            param += f"=_d{i}"
+        # As in the dataclass's __init__: keyword-only fields after all the others.
+        (keyword if f.kw_only else positional).append(param)
+        body.append(f"    _set{i}(obj, {f.name})")
+    params = [*positional, *(["*", *keyword] if keyword else [])]
+    source = f"def make({', '.join(params)}):\n    obj = _new(_cls)\n" + "\n".join(body)
+    exec(source + "\n    return obj\n", namespace)
+    make: Callable[..., R] = namespace["make"]
+    make.__doc__ = f"Build a {cls.__name__} (see record_maker)."
+    return make
+
+
+def _payload_function(cls: type[Event]) -> Callable[[Event], str]:
+    """``payload(event)`` for the class ``cls``, with its fields written out: the same text
+    as ``json.dumps({short key: value, ...}, separators=(",", ":"), ensure_ascii=False)`` of
+    the fields that differ from their defaults, in ``KEYS`` order. Strings and integers are
+    written by the functions the JSON encoder itself uses for them; anything else (tuples,
+    booleans, values of unexpected types) goes through the encoder."""
+    defaults = _DEFAULTS[cls]
+    namespace: dict[str, Any] = {
+        "_str": _json_string,
+        "_int": _int_text,
+        "_value": _json_value,
+    }
+    lines = ["def payload(event):", "    parts = []"]
+    for i, (name, key) in enumerate(cls.KEYS.items()):
+        default = defaults[name]
+        namespace[f"_d{i}"] = default
+        namespace[f"_k{i}"] = _json_string(key) + ":"
+        if type(default) is str:
+            text = "(_str(v) if type(v) is str else _value(v))"
+        elif type(default) is int:
+            text = "(_int(v) if type(v) is int else _value(v))"
+        else:
+            text = "_value(v)"
+        lines += [
+            f"    v = event.{name}",
+            f"    if v != _d{i}:",
+            f"        parts.append(_k{i} + {text})",
+        ]
+    lines.append('    return "{" + ",".join(parts) + "}"')
+    exec("\n".join(lines) + "\n", namespace)
+    payload: Callable[[Event], str] = namespace["payload"]
+    return payload
+
+
+def _encode_function(cls: type[Event]) -> Callable[[Event], EncodedEvent]:
+    """``encode(event)`` for the class ``cls``: its payload, and the checksum of
+    ``step ‖ 0x00 ‖ code ‖ 0x00 ‖ ts ‖ 0x00 ‖ payload`` (none for a pending intent)."""
+    namespace: dict[str, Any] = {
+        "_payload": _PAYLOAD[cls],
+        "_sha256": hashlib.sha256,
+        "_new": _new_tuple,
+        "_Encoded": EncodedEvent,
+        "_code": cls.TYPE.code,
+        "_code_text": f"\x00{cls.TYPE.code}\x00",
+    }
+    has_pending = "pending" in _DEFAULTS[cls]
+    digest = '_sha256(f"{step}{_code_text}{ts}\\x00{payload}".encode()).hexdigest()'
+    if has_pending:
+        digest = f'"" if event.pending else {digest}'
+    source = (
+        "def encode(event):\n"
+        "    payload = _payload(event)\n"
+        "    step = event.step\n"
+        "    ts = event.ts\n"
+        f"    return _new(_Encoded, (step, _code, ts, payload, {digest}))\n"
+    )
+    exec(source, namespace)
+    encode: Callable[[Event], EncodedEvent] = namespace["encode"]
+    return encode
+
+
+_PAYLOAD: dict[type[Event], Callable[[Event], str]] = {
+    cls: _payload_function(cls) for cls in _REGISTRY.values()
+}
+_ENCODE: dict[type[Event], Callable[[Event], EncodedEvent]] = {
+    cls: _encode_function(cls) for cls in _REGISTRY.values()
+}
 
 
 def payload_of(event: Event) -> str:
-    cls = type(event)
-    defaults = _DEFAULTS[cls]
-    data: dict[str, Any] = {}
-    for name, key in cls.KEYS.items():
-        value = getattr(event, name)
-        if value != defaults[name]:
-            data[key] = list(value) if isinstance(value, tuple) else value
-    return _ENCODER.encode(data)
+    return _PAYLOAD[type(event)](event)
 
 
 def checksum(step: int, type_code: int, ts: int, payload: str) -> str:
@@ -748,37 +863,73 @@ def checksum(step: int, type_code: int, ts: int, payload: str) -> str:
 
 
 def encode(event: Event) -> EncodedEvent:
-    payload = payload_of(event)
-    code = event.TYPE.code
-    pending = getattr(event, "pending", False)
-    digest = "" if pending else checksum(event.step, code, event.ts, payload)
-    return EncodedEvent(event.step, code, event.ts, payload, digest)
+    return _ENCODE[type(event)](event)
 
 
 class CodecError(ValueError):
     """A stored event cannot be decoded: unknown type code or malformed payload."""
 
 
+def _decode_function(cls: type[Event]) -> Callable[[int, int, dict[str, Any]], Event]:
+    """``build(step, ts, data)`` for the class ``cls``: the event whose fields are the
+    payload object's values under their short keys (arrays become tuples), and the
+    defaults for the keys it leaves out; other keys are ignored."""
+    defaults = _DEFAULTS[cls]
+    namespace: dict[str, Any] = {"_make": record_maker(cls)}
+    args = ["step=step", "ts=ts"]
+    for i, (name, key) in enumerate(cls.KEYS.items()):
+        namespace[f"_d{i}"] = defaults[name]
+        if name in _TUPLE_FIELDS[cls]:
+            args.append(f"{name}=tuple(data[{key!r}]) if {key!r} in data else _d{i}")
+        else:
+            args.append(f"{name}=get({key!r}, _d{i})")
+    source = "def build(step, ts, data):\n    get = data.get\n"
+    source += f"    return _make({', '.join(args)})\n"
+    exec(source, namespace)
+    build: Callable[[int, int, dict[str, Any]], Event] = namespace["build"]
+    return build
+
+
+_DECODE: dict[int, Callable[[int, int, dict[str, Any]], Event]] = {
+    code: _decode_function(_REGISTRY[event_type]) for code, event_type in TYPE_BY_CODE.items()
+}
+
+
+def json_loads(text: str) -> Any:
+    """``json.loads(text)`` for a ``str``, the same value or exception, with less overhead
+    around the scanner for the common case: a document that starts with a value at index 0
+    and ends with it. Anything else (leading or trailing whitespace, no value at all) goes
+    through ``json.loads``."""
+    if type(text) is str:
+        try:
+            value, end = _scan_once(text, 0)
+        except StopIteration:
+            pass
+        else:
+            if end == len(text):
+                return value
+    return json.loads(text)
+
+
+# The scanner of a decoder with json.loads's default settings (the C scanner; its memo of
+# keys is cleared after every call).
+_DECODER = json.decoder.JSONDecoder()
+_scan_once: Callable[[str, int], tuple[Any, int]] = _DECODER.scan_once  # type: ignore[attr-defined]
+
+
 def decode(stored: EncodedEvent | tuple[int, int, int, str, str]) -> Event:
     step, code, ts, payload, _ = stored
     try:
-        event_type = TYPE_BY_CODE[code]
+        build = _DECODE[code]
     except KeyError:
         raise CodecError(f"step {step}: unknown event type code {code}") from None
-    cls = _REGISTRY[event_type]
     try:
-        data = json.loads(payload) if payload else {}
+        data = json_loads(payload) if payload else {}
     except json.JSONDecodeError as exc:
         raise CodecError(f"step {step}: payload is not JSON ({exc})") from None
     if not isinstance(data, dict):
         raise CodecError(f"step {step}: payload is not a JSON object")
-    kwargs: dict[str, Any] = {}
-    tuples = _TUPLE_FIELDS[cls]
-    for name, key in cls.KEYS.items():
-        if key in data:
-            value = data[key]
-            kwargs[name] = tuple(value) if name in tuples else value
-    return cls(step=step, ts=ts, **kwargs)
+    return build(step, ts, data)
 
 
 def verify(stored: EncodedEvent) -> bool:

@@ -41,8 +41,6 @@ from engine.abi import (
     IMPORTS_BY_NAME,
     SUPPORTED_ABI_VERSIONS,
     HostImport,
-    arg_decoder,
-    pack,
     unpack,
     wasm_param_types,
 )
@@ -159,7 +157,13 @@ _caller_context.argtypes = [ctypes.c_void_p]
 _caller_context.restype = _CONTEXT_PTR
 _define_func_unchecked = _libwasmtime.wasmtime_linker_define_func_unchecked
 _define_func_unchecked.restype = ctypes.c_void_p  # wasmtime_error_t*, NULL on success
+_set_epoch_deadline = _libwasmtime.wasmtime_context_set_epoch_deadline
+_set_epoch_deadline.restype = None
 _ONE = ctypes.c_size_t(1)
+_TRAP_PTR = ctypes.POINTER(wasmtime_ffi.wasm_trap_t)
+_U64 = ctypes.c_uint64
+# The status byte of a reply, for each status a byte can hold.
+_STATUS_BYTE = tuple(bytes((i,)) for i in range(256))
 
 # The session and instance of the segment running on this thread, for the host functions
 # (defined once per engine, so they cannot close over a segment).
@@ -189,9 +193,15 @@ class CoreInstance:
         io_seconds: Callable[[], float],
     ) -> None:
         self.store = store
-        # The store, or the _CallerContext of the host call in progress.
+        # The store, or the _CallerContext of the host call in progress; and its
+        # ``_context()``, which the fast paths below pass to libwasmtime (the host function
+        # sets and restores both).
         self.ctx: Any = store
+        self._context_ptr: Any = store._context()
         self.config = config
+        self._max_string = config.max_string_bytes
+        self._timeout_s = config.segment_timeout_s
+        self._tick_s = config.epoch_tick_s
         self._started = started
         self._io_seconds = io_seconds
         exports = instance.exports(store)
@@ -228,7 +238,7 @@ class CoreInstance:
         its size. Memory moves or grows only when guest code runs, so the view is made again
         only when its address or size changed; both are asked for at every host call and
         after every ``cleat_alloc``, never assumed."""
-        context = self.ctx._context()
+        context = self._context_ptr
         ref = self._memory_ref
         at = (_memory_data(context, ref) or 0, _memory_data_size(context, ref))
         if at != self._view_at:
@@ -271,9 +281,9 @@ class CoreInstance:
         (wasmtime still validates the types), with errors and traps raised exactly as
         ``Func.__call__`` raises them, including a host function's exception."""
         self._alloc_size.value = n
-        trap = ctypes.POINTER(wasmtime_ffi.wasm_trap_t)()
+        trap = _TRAP_PTR()
         error = _func_call(
-            self.ctx._context(),
+            self._context_ptr,
             self._alloc_ref,
             self._alloc_params,
             _ONE,
@@ -308,8 +318,15 @@ class CoreInstance:
         return ptr
 
     def write_reply(self, function: str, reply: Reply) -> int:
-        data = bytes((reply.status,)) + reply.payload.encode()
-        return pack(self.write(function, data), len(data))
+        """Write ``reply`` as a packed buffer (status byte, UTF-8 payload); its ``pack``ed
+        pointer and length."""
+        status, payload = reply
+        head = _STATUS_BYTE[status] if 0 <= status < 256 else bytes((status,))
+        data = head + payload.encode()
+        n = len(data)
+        ptr = self.write(function, data)  # already below 2**32
+        value = (ptr << 32) | (n & 0xFFFFFFFF)  # pack(ptr, n), written out
+        return value - (1 << 64) if value >= 1 << 63 else value
 
     def read_reply(self, function: str, packed: int) -> Reply:
         ptr, length = unpack(packed)
@@ -352,9 +369,11 @@ class CoreInstance:
 
     def refresh_deadline(self, io_seconds: float) -> None:
         guest_seconds = time.monotonic() - self._started - self._io_seconds()
-        remaining = self.config.segment_timeout_s - guest_seconds
-        ticks = max(1, round(remaining / self.config.epoch_tick_s))
-        wasmtime_ffi.wasmtime_context_set_epoch_deadline(self.ctx._context(), ticks)
+        remaining = self._timeout_s - guest_seconds
+        ticks = max(1, round(remaining / self._tick_s))
+        # wasmtime_context_set_epoch_deadline(context, ticks), without wasmtime-py's checked
+        # wrapper (the context is one wasmtime-py made; the count an explicit uint64).
+        _set_epoch_deadline(self._context_ptr, _U64(ticks))
 
     def memory_size(self) -> int:
         try:
@@ -397,12 +416,81 @@ class _CallerContext:
         self._pointer = None
 
 
+def _guest_bytes(function: str, view: Any, size: int, ptr: int, length: int, limit: int) -> bytes:
+    """``length`` bytes at ``ptr`` of linear memory (``view``, ``size`` bytes long), refused
+    unless the whole range is inside it and no longer than ``limit``."""
+    ptr &= 0xFFFFFFFF
+    length &= 0xFFFFFFFF
+    if length > limit:
+        raise GuestFault(function, f"a string of {length} bytes exceeds the {limit}-byte maximum")
+    if ptr + length > size:
+        raise GuestFault(
+            function,
+            f"pointer {ptr} with length {length} is outside linear memory ({size} bytes)",
+        )
+    data: bytes = view[ptr : ptr + length]
+    return data
+
+
+def _not_utf8(function: str, ptr: int, exc: UnicodeDecodeError) -> GuestFault:
+    return GuestFault(
+        function, f"string at {ptr} is not valid UTF-8 ({exc.reason} at byte {exc.start})"
+    )
+
+
+def _arg_reader(imp: HostImport) -> Callable[[CoreInstance, tuple[int, ...]], tuple[Any, ...]]:
+    """``read(instance, raw)``: the raw wasm arguments of ``imp`` (one tuple of slot values)
+    -> the arguments of the session method, each string read from linear memory.
+
+    Generated for each signature with the positions and the checks written out, so that a
+    call costs no closure and no function call per string. Each string is checked exactly
+    as ``_guest_bytes`` checks it (length limit first, then bounds; on failure it is
+    ``_guest_bytes`` that raises), then decoded as strict UTF-8; strings are read left to
+    right, so the first bad one is the one reported. Memory is looked up once for all of
+    them: no guest code runs while the arguments are read."""
+    lines = [
+        "def read(instance, raw):",
+        "    view, size = instance._memory_view()",
+        "    limit = instance._max_string",
+    ]
+    exprs: list[str] = []
+    index = 0
+    for ch in imp.params:
+        if ch == "s":
+            k = len(exprs)
+            lines += [
+                f"    ptr, length = raw[{index}], raw[{index + 1}]",
+                "    start, n = ptr & 0xFFFFFFFF, length & 0xFFFFFFFF",
+                "    if n > limit or start + n > size:",
+                "        _guest_bytes(NAME, view, size, ptr, length, limit)",
+                "    try:",
+                f"        s{k} = view[start : start + n].decode('utf-8')",
+                "    except UnicodeDecodeError as exc:",
+                "        raise _not_utf8(NAME, ptr, exc) from None",
+            ]
+            exprs.append(f"s{k}")
+            index += 2
+        elif ch in ("I", "i"):
+            exprs.append(f"raw[{index}]")
+            index += 1
+        else:
+            raise ValueError(f"unknown parameter code {ch!r}")
+    lines.append("    return (" + ", ".join(exprs) + ("," if len(exprs) == 1 else "") + ")")
+    namespace: dict[str, Any] = {
+        "NAME": imp.name,
+        "_guest_bytes": _guest_bytes,
+        "_not_utf8": _not_utf8,
+    }
+    exec("\n".join(lines) + "\n", namespace)
+    read: Callable[[CoreInstance, tuple[int, ...]], tuple[Any, ...]] = namespace["read"]
+    return read
+
+
 def _host_function(imp: HostImport) -> Any:
     """The C callback serving ``imp``: read the arguments (strings bounds- and UTF-8-checked),
     call the session method of the same name, write the answer back."""
     name = imp.name
-    decode = arg_decoder(imp.params)
-    takes_strings = "s" in imp.params
+    read_args = _arg_reader(imp) if "s" in imp.params else None
     packed = imp.returns == "P"
     # All arguments in one read: slot i holds an i32 or i64 in its first bytes.
     layout = struct.Struct("=" + "".join(_SLOT_FORMAT[t] for t in wasm_param_types(imp.params)))
@@ -411,18 +499,19 @@ def _host_function(imp: HostImport) -> Any:
     result_slot = ctypes.c_int64
 
     def host(env: int | None, caller: int, values: int, count: int) -> int:
-        context = _CallerContext(_caller_context(caller))
+        pointer = _caller_context(caller)
+        context = _CallerContext(pointer)
         try:
             frame = getattr(_current, "frame", None)
             if frame is None:
                 # Only reachable from a start function at inspection time.
                 raise GuestFault(name, "host functions cannot be called while the module starts")
             session, instance = frame
-            previous = instance.ctx
-            instance.ctx = context
+            previous, previous_pointer = instance.ctx, instance._context_ptr
+            instance.ctx, instance._context_ptr = context, pointer
             try:
                 raw = unpack_slots(slots.from_address(values)) if layout.size else ()
-                args = decode(instance.string_reader(name), raw) if takes_strings else raw
+                args = read_args(instance, raw) if read_args is not None else raw
                 result = getattr(session, name)(*args)
                 value = instance.write_reply(name, result) if packed else int(result)
             except BaseException as exc:
@@ -430,7 +519,7 @@ def _host_function(imp: HostImport) -> Any:
                     session.exit = exc
                 raise
             finally:
-                instance.ctx = previous
+                instance.ctx, instance._context_ptr = previous, previous_pointer
             result_slot.from_address(values).value = value
             return 0
         except BaseException as exc:
@@ -466,28 +555,6 @@ def _define_host_function(linker: wasmtime.Linker, imp: HostImport) -> None:
     )
     if error:
         raise wasmtime.WasmtimeError._from_ptr(ctypes.cast(error, _ERROR_PTR))
-
-
-def _guest_bytes(function: str, view: Any, size: int, ptr: int, length: int, limit: int) -> bytes:
-    """``length`` bytes at ``ptr`` of linear memory (``view``, ``size`` bytes long), refused
-    unless the whole range is inside it and no longer than ``limit``."""
-    ptr &= 0xFFFFFFFF
-    length &= 0xFFFFFFFF
-    if length > limit:
-        raise GuestFault(function, f"a string of {length} bytes exceeds the {limit}-byte maximum")
-    if ptr + length > size:
-        raise GuestFault(
-            function,
-            f"pointer {ptr} with length {length} is outside linear memory ({size} bytes)",
-        )
-    data: bytes = view[ptr : ptr + length]
-    return data
-
-
-def _not_utf8(function: str, ptr: int, exc: UnicodeDecodeError) -> GuestFault:
-    return GuestFault(
-        function, f"string at {ptr} is not valid UTF-8 ({exc.reason} at byte {exc.start})"
-    )
 
 
 def _func_type(imp: HostImport) -> wasmtime.FuncType:

@@ -16,6 +16,7 @@ from __future__ import annotations
 import importlib
 import ipaddress
 import json
+import json.encoder
 import socket
 import urllib.error
 import urllib.parse
@@ -25,6 +26,7 @@ from dataclasses import dataclass
 from typing import Any, NamedTuple, Protocol
 
 from engine.errors import PermanentError
+from engine.events import json_loads
 from engine.status import Status
 
 
@@ -68,19 +70,52 @@ def import_dotted(path: str) -> Any:
         return getattr(importlib.import_module(module), attr)
 
 
+_ENCODER = json.JSONEncoder(separators=(",", ":"), ensure_ascii=False)
+_make_encoder: Any = getattr(json.encoder, "c_make_encoder", None)
+_json_string: Callable[[str], str] = json.encoder.encode_basestring
+
+
 def _dumps(value: Any) -> str:
     """A Python value as the JSON document a guest receives (a ``str`` becomes a JSON
-    string: services answer with values, not with JSON text)."""
-    return json.dumps(value, separators=(",", ":"), ensure_ascii=False)
+    string: services answer with values, not with JSON text).
+
+    The text of ``json.dumps(value, separators=(",", ":"), ensure_ascii=False)``, without
+    building a ``JSONEncoder`` per call: its C encoder is made directly, with a fresh
+    circular-reference memo each time, exactly as ``JSONEncoder.encode`` makes it."""
+    if isinstance(value, str):
+        return _json_string(value)
+    if _make_encoder is None:  # an interpreter without the C accelerator
+        return _ENCODER.encode(value)
+    encoder = _make_encoder({}, _ENCODER.default, _json_string, None, ":", ",", False, False, True)
+    return "".join(encoder(value, 0))
+
+
+# A NamedTuple's own __new__ is a Python function; tuple.__new__ builds the same instance.
+_new_tuple = tuple.__new__
 
 
 class PythonService:
     def __init__(self, target: Any) -> None:
         self.target = target
 
+    @property
+    def target(self) -> Any:
+        return self._target
+
+    @target.setter
+    def target(self, target: Any) -> None:
+        self._target = target
+        # A callable that is not a class or module serves every operation itself.
+        is_container = (
+            isinstance(target, type)
+            or hasattr(target, "__path__")
+            or (type(target).__name__ == "module")
+        )
+        self._serves_all = callable(target) and not is_container
+
     def call(self, service: str, operation: str, request: str, context: CallContext) -> CallResult:
         try:
-            parsed = json.loads(request) if request else None
+            parsed = json_loads(request) if request else None
         except json.JSONDecodeError as exc:
             return CallResult(Status.PERMANENT, f"request is not valid JSON: {exc}")
         fn = self._function(operation)
@@ -90,20 +125,15 @@ class PythonService:
             )
         try:
             result = fn(parsed, idempotency_key=context.idempotency_key, context=context)
-            return CallResult(Status.OK, _dumps(result))
+            return _new_tuple(CallResult, (Status.OK, _dumps(result)))
         except PermanentError as exc:
             return CallResult(Status.PERMANENT, str(exc) or type(exc).__name__)
         except Exception as exc:
             return CallResult(Status.ERROR, f"{type(exc).__name__}: {exc}")
 
     def _function(self, operation: str) -> Callable[..., Any] | None:
-        target = self.target
-        is_container = (
-            isinstance(target, type)
-            or hasattr(target, "__path__")
-            or (type(target).__name__ == "module")
-        )
-        if callable(target) and not is_container:
+        target = self._target
+        if self._serves_all:
             return target  # type: ignore[no-any-return]
         if operation.startswith("_"):
             return None

@@ -48,7 +48,7 @@ from enum import StrEnum
 from typing import Any, NamedTuple, Protocol, TypeVar
 
 from engine.config import EngineConfig
-from engine.determinism import derived_uuid, idempotency_key, random_i64, run_seed
+from engine.determinism import IdempotencyKeys, derived_uuid, random_i64, run_seed
 from engine.errors import (
     RETRYABLE_CODES,
     EngineError,
@@ -103,6 +103,7 @@ from engine.events import (
     UpdateHandlerEvent,
     decode,
     describe_call,
+    record_maker,
     verify,
 )
 from engine.services import CallContext, CallResult, Services
@@ -142,6 +143,12 @@ class Reply(NamedTuple):
 
 
 OK_EMPTY = Reply(Status.OK, "")
+# A NamedTuple's own __new__ is a Python function; tuple.__new__ builds the same instance.
+_new_tuple = tuple.__new__
+# Built without the frozen dataclasses' per-field ``object.__setattr__`` (see record_maker):
+# a durable call makes one of each.
+_new_call_event = record_maker(CallEvent)
+_new_context = record_maker(CallContext)
 
 
 @dataclass(frozen=True, slots=True)
@@ -359,6 +366,7 @@ class ExecutionSession:
         self.step = self._history[0].step if self._history else 0
         self._vnow = run.start_ms
         self._seed = run_seed(self.ref.workflow_id, self.ref.run_id)
+        self._keys = IdempotencyKeys(self.ref.workflow_id, self.ref.run_id)
         self._random_counter = 0
         self._recorded: list[Event] = []
         self._unflushed: list[Event] = []
@@ -437,7 +445,8 @@ class ExecutionSession:
 
     def _match(self, cls: type[E], identity: tuple[Any, ...]) -> E | None:
         """The recorded event for this call when replaying; None when executing fresh."""
-        event = self._peek_recorded()
+        # Past the end of the history (every fresh call) there is nothing to peek at.
+        event = self._peek_recorded() if self._pos < len(self._history) else None
         if event is None:
             self._guard_history_limit()
             return None
@@ -528,14 +537,15 @@ class ExecutionSession:
                 self._backend.refresh_deadline(spent)
 
     def _context(self, service: str, operation: str, step: int, attempt: int = 1) -> CallContext:
-        return CallContext(
-            tenant_id=self.ref.tenant_id,
-            workflow_id=self.ref.workflow_id,
-            run_id=self.ref.run_id,
+        ref = self.ref
+        return _new_context(
+            tenant_id=ref.tenant_id,
+            workflow_id=ref.workflow_id,
+            run_id=ref.run_id,
             step=step,
             service=service,
             operation=operation,
-            idempotency_key=idempotency_key(self.ref.workflow_id, self.ref.run_id, step),
+            idempotency_key=self._keys(step),
             attempt=attempt,
         )
 
@@ -648,7 +658,8 @@ class ExecutionSession:
             return self._call_reply(event)
         step = self.step
         context = self._context(service, operation, step)
-        write_ahead = f"{service}.{operation}" in self.config.write_ahead_ops
+        write_ahead_ops = self.config.write_ahead_ops
+        write_ahead = bool(write_ahead_ops) and f"{service}.{operation}" in write_ahead_ops
         if write_ahead:
             intent = CallEvent(
                 step=step,
@@ -680,7 +691,7 @@ class ExecutionSession:
         attempt: int = 1,
     ) -> CallEvent:
         ok = result.status == Status.OK
-        return CallEvent(
+        return _new_call_event(
             step=step,
             ts=self._stamp(),
             service=service,
@@ -695,7 +706,7 @@ class ExecutionSession:
     @staticmethod
     def _call_reply(event: CallEvent | HeartbeatEvent) -> Reply:
         if event.status == Status.OK:
-            return Reply(Status.OK, event.response)
+            return _new_tuple(Reply, (Status.OK, event.response))
         return Reply(event.status, event.error)
 
     def _resolve_intent(self, intent: CallEvent) -> Reply:
@@ -703,7 +714,7 @@ class ExecutionSession:
 
         Ask the service's resolver what happened; when it cannot say, the outcome is
         AMBIGUOUS. Either way the outcome is written, so later replays agree."""
-        key = idempotency_key(self.ref.workflow_id, self.ref.run_id, intent.step)
+        key = self._keys(intent.step)
         response: str | None = None
         resolver = self.services.resolvers.get(intent.service)
         if resolver is not None:
@@ -850,7 +861,7 @@ class ExecutionSession:
             service=service,
             operation=operation,
             request=request,
-            idempotency_key=idempotency_key(self.ref.workflow_id, self.ref.run_id, step),
+            idempotency_key=self._keys(step),
             deliver_at_ms=self.clock() + delay_ms,
         )
         ts = self._stamp()
