@@ -212,31 +212,117 @@ class ServiceRegistry:
         return target.call(service, operation, request, context)
 
 
+_DEFAULT_PORTS = {"http": 80, "https": 443}
+
+
+@dataclass(frozen=True)
+class AllowRule:
+    """One entry of the fetch allow-list, parsed: ``https://api.example.com/v1/`` allows
+    that scheme, that host (exactly: not ``api.example.com.evil.net``), that port (the
+    scheme's default when none is written) and paths at or under ``/v1/``. ``https://``
+    alone allows any host over https; an empty entry allows any http(s) URL."""
+
+    scheme: str | None
+    host: str | None
+    port: int | None
+    path: str
+
+    @classmethod
+    def parse(cls, entry: str) -> AllowRule:
+        entry = entry.strip()
+        if not entry:
+            return cls(None, None, None, "")
+        parts = urllib.parse.urlsplit(entry)
+        scheme = parts.scheme.lower()
+        if scheme not in _DEFAULT_PORTS:
+            raise ValueError(f"fetch allow-list entry {entry!r}: only http(s) URLs")
+        if parts.username is not None or parts.password is not None:
+            raise ValueError(f"fetch allow-list entry {entry!r}: no credentials in it")
+        if not parts.hostname:
+            return cls(scheme, None, None, "")
+        try:
+            port = parts.port or _DEFAULT_PORTS[scheme]
+        except ValueError:
+            raise ValueError(f"fetch allow-list entry {entry!r}: bad port") from None
+        return cls(scheme, parts.hostname.lower(), port, parts.path)
+
+    def allows(self, parts: urllib.parse.SplitResult) -> bool:
+        scheme = parts.scheme.lower()
+        if self.scheme is not None and scheme != self.scheme:
+            return False
+        if self.host is None:
+            return True
+        try:
+            port = parts.port or _DEFAULT_PORTS.get(scheme)
+        except ValueError:
+            return False
+        if (parts.hostname or "").lower() != self.host or port != self.port:
+            return False
+        if self.path in ("", "/"):
+            return True
+        path = parts.path or "/"
+        prefix = self.path if self.path.endswith("/") else self.path + "/"
+        return path == self.path or path.startswith(prefix)
+
+
+class _RefusedRedirect(Exception):
+    def __init__(self, url: str, reason: str) -> None:
+        super().__init__(reason)
+        self.url = url
+        self.reason = reason
+
+
+class _CheckedRedirects(urllib.request.HTTPRedirectHandler):
+    """Follows a redirect only to a URL the fetcher would fetch itself: a redirect must
+    not carry a request off the allow-list or into the private network."""
+
+    def __init__(self, fetcher: Fetcher) -> None:
+        self.fetcher = fetcher
+
+    def redirect_request(
+        self, req: Any, fp: Any, code: int, msg: str, headers: Any, newurl: str
+    ) -> Any:
+        target = urllib.parse.urljoin(req.full_url, newurl)
+        refused = self.fetcher.check(target)
+        if refused:
+            fp.close()  # the redirect's own response is not read
+            raise _RefusedRedirect(target, refused)
+        return super().redirect_request(req, fp, code, msg, headers, newurl)
+
+
 class Fetcher:
-    """HTTP requests from workflows, through an allow-list of URL prefixes.
+    """HTTP requests from workflows, through an allow-list (:class:`AllowRule`: scheme,
+    exact host and port, path prefix by whole segments).
 
     Private, loopback and link-local addresses are refused unless ``allow_private`` is set:
-    a workflow is untrusted code and must not reach the host's own network.
+    a workflow is untrusted code and must not reach the host's own network. URLs carrying
+    credentials (``https://user:pw@host/``) are refused, and redirects are followed only to
+    URLs that pass the same checks.
     """
 
     def __init__(
         self, allow: Iterable[str] = (), allow_private: bool = False, timeout_s: float = 30.0
     ) -> None:
         self.allow = tuple(allow)
+        self.rules = tuple(AllowRule.parse(entry) for entry in self.allow)
         self.allow_private = allow_private
         self.timeout_s = timeout_s
+        self._opener = urllib.request.build_opener(_CheckedRedirects(self))
 
     def check(self, url: str) -> str | None:
         """None when ``url`` may be fetched, else the reason it may not."""
         parsed = urllib.parse.urlsplit(url)
-        if parsed.scheme not in ("http", "https") or not parsed.hostname:
+        if parsed.scheme.lower() not in _DEFAULT_PORTS or not parsed.hostname:
             return f"only absolute http(s) URLs can be fetched, not {url!r}"
-        if not any(url.startswith(prefix) for prefix in self.allow):
+        if parsed.username is not None or parsed.password is not None:
+            return "URLs with credentials are not fetched: send them in a header"
+        if not any(rule.allows(parsed) for rule in self.rules):
             return f"{url} is not on the fetch allow-list"
         if not self.allow_private:
             try:
-                infos = socket.getaddrinfo(parsed.hostname, parsed.port or 443)
-            except OSError as exc:
+                port = parsed.port or _DEFAULT_PORTS[parsed.scheme.lower()]
+                infos = socket.getaddrinfo(parsed.hostname, port)
+            except (OSError, ValueError) as exc:
                 return f"cannot resolve {parsed.hostname}: {exc}"
             for info in infos:
                 addr = ipaddress.ip_address(str(info[4][0]).split("%")[0])
@@ -261,8 +347,10 @@ class Fetcher:
             headers={str(k): str(v) for k, v in header_map.items()},
         )
         try:
-            with urllib.request.urlopen(req, timeout=self.timeout_s) as resp:
+            with self._opener.open(req, timeout=self.timeout_s) as resp:
                 status, resp_headers, data = resp.status, dict(resp.headers), resp.read()
+        except _RefusedRedirect as exc:
+            return CallResult(Status.DENIED, f"{url} redirects to {exc.url}: {exc.reason}")
         except urllib.error.HTTPError as exc:
             status, resp_headers, data = exc.code, dict(exc.headers), exc.read()
         except (urllib.error.URLError, OSError, TimeoutError) as exc:

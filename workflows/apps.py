@@ -1,9 +1,32 @@
 from __future__ import annotations
 
+from typing import Any
+
 from django.apps import AppConfig
+from django.core import checks
 
 
 class WorkflowsConfig(AppConfig):
     name = "workflows"
     verbose_name = "Workflows"
     default_auto_field = "django.db.models.BigAutoField"
+
+    def ready(self) -> None:
+        checks.register(check_fetch_allow_list)
+
+
+def check_fetch_allow_list(app_configs: Any = None, **kwargs: Any) -> list[checks.CheckMessage]:
+    """Every ``CLEAT_FETCH_ALLOW`` entry must parse (an http(s) URL prefix without
+    credentials): a worker refuses to start on one it cannot interpret, rather than deny or
+    allow fetches by a rule nobody meant."""
+    from django.conf import settings
+
+    from engine.services import AllowRule
+
+    errors: list[checks.CheckMessage] = []
+    for entry in getattr(settings, "CLEAT_FETCH_ALLOW", ()):
+        try:
+            AllowRule.parse(str(entry))
+        except ValueError as exc:
+            errors.append(checks.Error(str(exc), id="workflows.E001", obj="CLEAT_FETCH_ALLOW"))
+    return errors

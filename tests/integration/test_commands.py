@@ -346,3 +346,18 @@ def test_bad_input_exits_non_zero_without_a_traceback(world: dict[str, str]) -> 
         assert expected.format(**world) in done.stderr, (case, done.stderr)
         assert "Traceback" not in done.stderr, (case, done.stderr)
         assert done.stderr.startswith("CommandError: "), (case, done.stderr)
+
+
+def test_a_fetch_allow_list_entry_that_cannot_be_interpreted_fails_the_checks() -> None:
+    from django.core.management.base import SystemCheckError
+    from django.test import override_settings
+
+    from workflows.apps import check_fetch_allow_list
+
+    with override_settings(CLEAT_FETCH_ALLOW=["https://api.example.com/", "ftp://files/"]):
+        [error] = check_fetch_allow_list()
+        assert error.id == "workflows.E001" and "ftp://files/" in error.msg
+        with pytest.raises(SystemCheckError, match="only http"):
+            call_command("check")
+    with override_settings(CLEAT_FETCH_ALLOW=["https://api.example.com/v1"]):
+        assert check_fetch_allow_list() == []

@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import socket
 import threading
+import urllib.parse
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -346,3 +347,102 @@ def test_fetch_with_malformed_headers_is_permanent(server: LocalServer) -> None:
     fetcher = Fetcher(allow=(server.base,), allow_private=True)
     assert fetcher.fetch("GET", server.base, "not json", "").status == Status.PERMANENT
     assert fetcher.fetch("GET", server.base, "[1]", "").status == Status.PERMANENT
+
+
+# --- the allow-list's rules ------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("entry", "url", "allowed"),
+    [
+        ("https://api.example.com", "https://api.example.com/v1/x", True),
+        ("https://api.example.com", "https://API.example.com/", True),
+        ("https://api.example.com", "https://api.example.com.evil.net/", False),
+        ("https://api.example.com", "https://api.example.com@evil.net/", False),
+        ("https://api.example.com", "https://evil.net/?https://api.example.com", False),
+        ("https://api.example.com", "http://api.example.com/", False),
+        ("https://api.example.com", "https://api.example.com:8443/", False),
+        ("https://api.example.com:443/", "https://api.example.com/", True),
+        ("https://api.example.com:8443", "https://api.example.com:8443/x", True),
+        ("https://api.example.com/v1", "https://api.example.com/v1", True),
+        ("https://api.example.com/v1", "https://api.example.com/v1/items", True),
+        ("https://api.example.com/v1", "https://api.example.com/v10/items", False),
+        ("https://api.example.com/v1/", "https://api.example.com/v2/", False),
+        ("https://", "https://anything.example.org/x", True),
+        ("https://", "http://anything.example.org/x", False),
+        ("", "http://anything.example.org/x", True),
+    ],
+)
+def test_allow_rules_match_scheme_exact_host_port_and_whole_path_segments(
+    entry: str, url: str, allowed: bool
+) -> None:
+    fetcher = Fetcher(allow=(entry,), allow_private=True)
+    refused = fetcher.check(url)
+    assert (refused is None) == allowed, refused
+
+
+def test_credentials_in_the_url_are_refused() -> None:
+    fetcher = Fetcher(allow=("https://api.example.com/",), allow_private=True)
+    assert "credentials" in (fetcher.check("https://user:pw@api.example.com/") or "")
+
+
+@pytest.mark.parametrize(
+    ("entry", "message"),
+    [
+        ("ftp://files.example.com/", r"only http\(s\)"),
+        ("https://u:p@x.example.com/", "credentials"),
+    ],
+)
+def test_an_allow_list_entry_that_cannot_be_interpreted_is_refused(
+    entry: str, message: str
+) -> None:
+    with pytest.raises(ValueError, match=message):
+        Fetcher(allow=(entry,))
+
+
+class Redirector(BaseHTTPRequestHandler):
+    """``/to?<url>`` answers 302 to that URL."""
+
+    def do_GET(self) -> None:
+        target = urllib.parse.unquote(self.path.split("?", 1)[1])
+        self.send_response(302)
+        self.send_header("Location", target)
+        self.send_header("Content-Length", "0")
+        self.end_headers()
+
+    def log_message(self, format: str, *args: Any) -> None:
+        pass
+
+
+@pytest.fixture
+def redirector() -> Iterator[str]:
+    httpd = ThreadingHTTPServer(("127.0.0.1", 0), Redirector)
+    httpd.daemon_threads = True
+    thread = threading.Thread(target=httpd.serve_forever, daemon=True)
+    thread.start()
+    host, port = httpd.server_address[:2]
+    yield f"http://{host}:{port}"
+    httpd.shutdown()
+    httpd.server_close()
+
+
+def test_a_redirect_off_the_allow_list_is_denied_and_not_followed(
+    redirector: str, server: LocalServer
+) -> None:
+    server.requests.clear()
+    fetcher = Fetcher(allow=(redirector + "/",), allow_private=True)
+    target = urllib.parse.quote(f"{server.base}/secret", safe="")
+    result = fetcher.fetch("GET", f"{redirector}/to?{target}", "", "")
+    assert result.status == Status.DENIED
+    assert "redirects to" in result.payload and "not on the fetch allow-list" in result.payload
+    assert server.requests == []
+
+
+def test_a_redirect_within_the_allow_list_is_followed(redirector: str, server: LocalServer) -> None:
+    server.requests.clear()
+    fetcher = Fetcher(allow=(redirector + "/", server.base + "/"), allow_private=True)
+    target = urllib.parse.quote(f"{server.base}/landing", safe="")
+    result = fetcher.fetch("GET", f"{redirector}/to?{target}", "", "")
+    assert result.status == Status.OK
+    assert json.loads(json.loads(result.payload)["body"])["path"] == "/landing"
+    assert [r.path for r in server.requests] == ["/landing"]
