@@ -180,6 +180,8 @@ CLEAT_MAX_TABLE_ELEMENTS = env.int("CLEAT_MAX_TABLE_ELEMENTS", default=8 * 1024 
 CLEAT_MAX_HISTORY_EVENTS = env.int("CLEAT_MAX_HISTORY_EVENTS", default=100_000)
 # Compiled-module caches: in memory (entries) and on disk (serialized artifacts).
 CLEAT_MODULE_CACHE_SIZE = env.int("CLEAT_MODULE_CACHE_SIZE", default=64)
+# The disk cache of compiled modules keeps the most recently used within this size (0: no limit).
+CLEAT_MODULE_CACHE_MAX_MB = env.int("CLEAT_MODULE_CACHE_MAX_MB", default=4096)
 CLEAT_MODULE_CACHE_DIR = env.str(
     "CLEAT_MODULE_CACHE_DIR", default=str(Path.home() / ".cache" / "cleat" / "modules")
 )

@@ -718,6 +718,7 @@ class ComponentBackend:
             try:
                 component = wc.Component.deserialize_file(self.engine, str(path))
                 cache.disk_hits += 1
+                cache.touch(path)
                 described = _read_description(_description_path(path))
             except wasmtime.WasmtimeError:
                 log.warning("discarding unreadable cached component %s", path)
@@ -741,6 +742,7 @@ class ComponentBackend:
             described = self.describe(component)
             if path is not None:
                 _write_atomically(_description_path(path), _description_json(*described))
+                cache.prune_disk(keep=sha)
         else:
             # Checked when the artifact was cached (same sha256): only link what it imports.
             self._linker_for(described[1])

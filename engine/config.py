@@ -30,6 +30,8 @@ class EngineConfig:
     epoch_tick_s: float = 0.01
     module_cache_size: int = 64
     module_cache_dir: Path | None = None
+    # The disk cache keeps the most recently used artifacts within this size; 0: no limit.
+    module_cache_max_bytes: int = 4096 * MIB
     # Check each replayed event's checksum against its content.
     verify_checksums: bool = True
     # "service.operation" calls that record a write-ahead intent before dispatch.
@@ -47,6 +49,8 @@ class EngineConfig:
             problems.append("fuel must be 0 (off) or positive")
         if self.epoch_tick_s <= 0 or self.epoch_tick_s > self.segment_timeout_s:
             problems.append("epoch_tick_s must be positive and below segment_timeout_s")
+        if self.module_cache_max_bytes < 0:
+            problems.append("module_cache_max_bytes must be 0 (no limit) or positive")
         if self.max_history_events < 10:
             problems.append("max_history_events must be at least 10")
         if problems:

@@ -12,6 +12,7 @@ from wasmtime leaks to callers.
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import functools
 import hashlib
@@ -591,6 +592,54 @@ class ModuleCache:
         fingerprint = self._runtime.config.fingerprint()
         return self._dir / f"{sha}-wasmtime{WASMTIME_VERSION}-{fingerprint}.cwasm"
 
+    @staticmethod
+    def touch(path: Path) -> None:
+        """Mark a disk-cache artifact as just used (the pruning removes the oldest)."""
+        with contextlib.suppress(OSError):
+            os.utime(path)
+
+    def prune_disk(self, keep: str = "") -> list[str]:
+        """Remove the least recently used artifacts of the disk cache (each ``.cwasm`` with
+        the description beside it) until it holds at most ``module_cache_max_bytes``;
+        ``.tmp`` files older than a day go too. Artifacts whose name starts with ``keep``
+        (the one just written) stay. Returns the artifact names removed."""
+        limit = self._runtime.config.module_cache_max_bytes
+        if self._dir is None or not self._dir.is_dir():
+            return []
+        groups: dict[str, list[tuple[Path, os.stat_result]]] = {}
+        now = time.time()
+        for path in self._dir.iterdir():
+            try:
+                st = path.stat()
+            except OSError:
+                continue
+            name = path.name
+            if name.endswith(".tmp"):
+                if now - st.st_mtime > 86400:
+                    path.unlink(missing_ok=True)
+                continue
+            for suffix in (".guest.json", ".cwasm"):
+                if name.endswith(suffix):
+                    groups.setdefault(name[: -len(suffix)], []).append((path, st))
+                    break
+        total = sum(st.st_size for files in groups.values() for _, st in files)
+        removed: list[str] = []
+        if limit <= 0 or total <= limit:
+            return removed
+        by_age = sorted(groups.items(), key=lambda item: max(st.st_mtime for _, st in item[1]))
+        for stem, files in by_age:
+            if total <= limit:
+                break
+            if keep and stem.startswith(keep):
+                continue
+            for path, st in files:
+                path.unlink(missing_ok=True)
+                total -= st.st_size
+            removed.append(stem)
+        if removed:
+            log.info("module cache: removed %d least recently used artifact(s)", len(removed))
+        return removed
+
     def peek(self, sha: str) -> LoadedModule | None:
         """The compiled module for ``sha`` if it is in memory (no bytes needed)."""
         with self._lock:
@@ -626,6 +675,7 @@ class ModuleCache:
             try:
                 module = wasmtime.Module.deserialize_file(runtime.engine, str(path))
                 self.disk_hits += 1
+                self.touch(path)
             except wasmtime.WasmtimeError:
                 log.warning("discarding unreadable cached module %s", path)
                 path.unlink(missing_ok=True)
@@ -634,6 +684,7 @@ class ModuleCache:
             module = runtime.compile(wasm)
             if path is not None:
                 self._store(path, bytes(module.serialize()))
+                self.prune_disk(keep=sha)
         info = runtime.describe(module, wasm, sha)
         try:
             pre = runtime.linker.instantiate_pre(module)

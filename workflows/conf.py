@@ -55,6 +55,9 @@ def cleat_settings() -> CleatSettings:
             max_history_events=settings.CLEAT_MAX_HISTORY_EVENTS,
             module_cache_size=settings.CLEAT_MODULE_CACHE_SIZE,
             module_cache_dir=Path(cache_dir) if cache_dir else None,
+            module_cache_max_bytes=int(getattr(settings, "CLEAT_MODULE_CACHE_MAX_MB", 4096))
+            * 1024
+            * 1024,
             write_ahead_ops=frozenset(settings.CLEAT_WRITE_AHEAD_OPS),
         )
     except ValueError as exc:

@@ -4,6 +4,7 @@ points, and the segment deadline's treatment of time spent in services."""
 from __future__ import annotations
 
 import hashlib
+import os
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -252,3 +253,37 @@ def test_deadline_does_not_count_time_spent_in_services(make_runtime: Any) -> No
     assert elapsed > 2 * 0.3, "the service calls should outlast the deadline"
     assert env.result(run) == {"slept": 2}
     assert service.calls == 2
+
+
+def test_disk_cache_keeps_the_most_recently_used_within_its_budget(
+    make_runtime: Any, tmp_path: Path
+) -> None:
+    """Past the budget, writing a new artifact removes the least recently used ones (a disk
+    hit counts as a use); the one just written always stays."""
+    wasms = [numbered_module(n) for n in (21, 22, 23)]
+    unlimited = make_runtime(module_cache_dir=tmp_path, module_cache_max_bytes=0)
+    for wasm in wasms[:2]:
+        unlimited.load(wasm)
+    first, second = (next(tmp_path.glob(hashlib.sha256(w).hexdigest() + "*")) for w in wasms[:2])
+    size = first.stat().st_size
+    now = time.time()
+    os.utime(first, (now - 300, now - 300))
+    os.utime(second, (now - 200, now - 200))
+    # A disk hit on the older one makes it the newer.
+    make_runtime(module_cache_dir=tmp_path).load(wasms[0])
+    assert first.stat().st_mtime > second.stat().st_mtime
+    budget = int(size * 2.5)  # room for two artifacts, not three
+    tight = make_runtime(module_cache_dir=tmp_path, module_cache_max_bytes=budget)
+    tight.load(wasms[2])
+    names = {p.name[:64] for p in artifacts(tmp_path)}
+    assert names == {hashlib.sha256(wasms[0]).hexdigest(), hashlib.sha256(wasms[2]).hexdigest()}
+    # Smaller than one artifact: the one just written still stays.
+    tiny = make_runtime(module_cache_dir=tmp_path, module_cache_max_bytes=1)
+    tiny.load(wasms[1])
+    assert [p.name[:64] for p in artifacts(tmp_path)] == [hashlib.sha256(wasms[1]).hexdigest()]
+    assert completes_with(tiny, wasms[1], 22)
+
+
+def test_a_negative_disk_budget_is_refused() -> None:
+    with pytest.raises(ValueError, match="module_cache_max_bytes"):
+        EngineConfig(module_cache_max_bytes=-1)
