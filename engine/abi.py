@@ -130,6 +130,10 @@ def arg_decoder(params: str) -> ArgDecoder:
     """Build ``decode(read, raw)`` turning the raw wasm arguments of a signature into the
     Python arguments of the session method, reading each string with ``read(ptr, len)``.
 
+    The reference decoder: the core runtime generates its own fused reader per signature
+    (``engine.runtime._arg_reader``, which also reads guest memory inline), and the tests
+    check that it agrees with this one on every signature.
+
     Every host call goes through one of these, so each signature gets its own function with
     the positions written out (``"sI"`` -> ``(read(raw[0], raw[1]), raw[2])``) instead of a
     loop over the signature. Strings are read left to right, so the first bad one is the one
