@@ -17,7 +17,14 @@ from django.utils import timezone
 from schedules.models import Schedule
 from tests.integration.test_api_support import Api, error_of, key_for
 from tests.integration.test_schedules import quick, waiter
-from workflows.models import AuditLog, Role, Status, Tenant, WorkflowInstance
+from workflows.models import (
+    AuditLog,
+    Role,
+    Status,
+    Tenant,
+    WorkflowDefinition,
+    WorkflowInstance,
+)
 from workflows.tenancy import tenant_context
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -362,3 +369,17 @@ def test_another_tenant_cannot_see_or_touch_a_schedule(
     refused = stranger.post(URL, {"name": "nightly", "workflow_name": "quick", "cron": "@daily"})
     assert refused.status_code == 400 and error_of(refused)["code"] == "unknown_definition"
     assert len(stored(tenant)) == 1 and runs(tenant) == []
+
+
+def test_triggering_a_schedule_whose_workflow_is_gone_is_a_409(api: Api, tenant: Tenant) -> None:
+    create(api, workflow_name="quick", workflow_version=1)
+    with tenant_context(tenant.id):
+        WorkflowDefinition.objects.filter(tenant_id=tenant.id, name="quick").delete()
+    response = api.post(f"{URL}/nightly/trigger")
+    assert response.status_code == 409, response.content
+    error = error_of(response)
+    assert error["field"] == "workflow_name" and "cannot be started" in error["message"]
+    hour = timezone.now().replace(minute=0, second=0, microsecond=0)
+    body = {"start": (hour - timedelta(days=2)).isoformat(), "end": hour.isoformat()}
+    assert api.post(f"{URL}/nightly/backfill", body).status_code == 409
+    assert runs(tenant) == []

@@ -292,6 +292,20 @@ class ScheduleViewSet(TenantViewSet):
             raise
         return saved
 
+    def _delivered(self, deliver: Any) -> list[Delivery]:
+        """Trigger or backfill: a schedule whose workflow can no longer be started (its
+        definition, version or tag removed since) is a conflict with the schedule's state,
+        not a missing URL."""
+        try:
+            made: list[Delivery] = deliver()
+        except services.NotFound as exc:
+            if exc.field == "schedule":
+                raise
+            raise services.Conflict(
+                f"the schedule's workflow cannot be started: {exc.message}", "workflow_name"
+            ) from None
+        return made
+
     @extend_schema(
         summary="List schedules",
         parameters=[ScheduleFilterSerializer],
@@ -422,14 +436,17 @@ class ScheduleViewSet(TenantViewSet):
         request=TriggerSerializer,
         responses=DeliveriesSerializer,
     )
+    @_errors(409)
     @action(detail=True, methods=["post"])
     def trigger(self, request: Request, schedule: str) -> Response:
         body = self.validated(TriggerSerializer)
-        made = schedule_services.trigger_schedule(
-            self.tenant,
-            schedule,
-            overlap_policy=body.get("overlap_policy"),
-            operator=self.operator,
+        made = self._delivered(
+            lambda: schedule_services.trigger_schedule(
+                self.tenant,
+                schedule,
+                overlap_policy=body.get("overlap_policy"),
+                operator=self.operator,
+            )
         )
         return Response(_deliveries(self._one(schedule), made))
 
@@ -444,16 +461,19 @@ class ScheduleViewSet(TenantViewSet):
         request=BackfillSerializer,
         responses=DeliveriesSerializer,
     )
+    @_errors(409)
     @action(detail=True, methods=["post"])
     def backfill(self, request: Request, schedule: str) -> Response:
         body = self.validated(BackfillSerializer)
-        made = schedule_services.backfill_schedule(
-            self.tenant,
-            schedule,
-            body["start"],
-            body["end"],
-            overlap_policy=body.get("overlap_policy"),
-            operator=self.operator,
+        made = self._delivered(
+            lambda: schedule_services.backfill_schedule(
+                self.tenant,
+                schedule,
+                body["start"],
+                body["end"],
+                overlap_policy=body.get("overlap_policy"),
+                operator=self.operator,
+            )
         )
         return Response(_deliveries(self._one(schedule), made))
 
