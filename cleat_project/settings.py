@@ -193,7 +193,8 @@ CLEAT_WRITE_AHEAD_OPS = env.list("CLEAT_WRITE_AHEAD_OPS", default=[])
 # {"service": "dotted.path"}: asked what happened to a call whose outcome a crash lost.
 CLEAT_AMBIGUITY_RESOLVERS = env.json("CLEAT_AMBIGUITY_RESOLVERS", default={})
 # URL prefixes fetch() may reach; private and loopback addresses need the second switch.
-CLEAT_FETCH_ALLOW = env.list("CLEAT_FETCH_ALLOW", default=[])
+# Blank items (an empty variable, a trailing comma) are no entry, not "allow everything".
+CLEAT_FETCH_ALLOW = [e for e in env.list("CLEAT_FETCH_ALLOW", default=[]) if e.strip()]
 CLEAT_FETCH_ALLOW_PRIVATE = env.bool("CLEAT_FETCH_ALLOW_PRIVATE", default=False)
 # {"plugin": "dotted.path"}: host plugins reachable through plugin_call.
 CLEAT_PLUGINS = env.json("CLEAT_PLUGINS", default={})

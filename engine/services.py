@@ -219,36 +219,45 @@ _DEFAULT_PORTS = {"http": 80, "https": 443}
 class AllowRule:
     """One entry of the fetch allow-list, parsed: ``https://api.example.com/v1/`` allows
     that scheme, that host (exactly: not ``api.example.com.evil.net``), that port (the
-    scheme's default when none is written) and paths at or under ``/v1/``. ``https://``
-    alone allows any host over https; an empty entry allows any http(s) URL."""
+    scheme's default when none is written) and paths at or under ``/v1/``. Exactly
+    ``https://`` (or ``http://``) allows any host over that scheme. Anything else without a
+    host, with credentials, a query or a fragment, is refused: a typo must not widen it."""
 
-    scheme: str | None
+    scheme: str
     host: str | None
     port: int | None
     path: str
 
     @classmethod
     def parse(cls, entry: str) -> AllowRule:
-        entry = entry.strip()
-        if not entry:
-            return cls(None, None, None, "")
-        parts = urllib.parse.urlsplit(entry)
+        text = entry.strip()
+
+        def refuse(why: str) -> ValueError:
+            return ValueError(f"fetch allow-list entry {entry!r}: {why}")
+
+        if text.lower() in ("http://", "https://"):
+            return cls(text.lower()[:-3], None, None, "")
+        try:
+            parts = urllib.parse.urlsplit(text)
+            port = parts.port
+        except ValueError as exc:
+            raise refuse(f"not a URL ({exc})") from None
         scheme = parts.scheme.lower()
         if scheme not in _DEFAULT_PORTS:
-            raise ValueError(f"fetch allow-list entry {entry!r}: only http(s) URLs")
+            raise refuse("only http(s) URLs such as https://api.example.com/v1")
         if parts.username is not None or parts.password is not None:
-            raise ValueError(f"fetch allow-list entry {entry!r}: no credentials in it")
-        if not parts.hostname:
-            return cls(scheme, None, None, "")
-        try:
-            port = parts.port or _DEFAULT_PORTS[scheme]
-        except ValueError:
-            raise ValueError(f"fetch allow-list entry {entry!r}: bad port") from None
-        return cls(scheme, parts.hostname.lower(), port, parts.path)
+            raise refuse("no credentials in it")
+        if not parts.hostname or not text.lower().startswith(f"{scheme}://"):
+            raise refuse("no host (write https://host/path, or exactly https:// for any host)")
+        if parts.query or parts.fragment or text.endswith(("?", "#")):
+            raise refuse("no query or fragment")
+        if _unsafe_path(parts.path):
+            raise refuse("no dot segments or encoded slashes in the path")
+        return cls(scheme, parts.hostname.lower(), port or _DEFAULT_PORTS[scheme], parts.path)
 
     def allows(self, parts: urllib.parse.SplitResult) -> bool:
         scheme = parts.scheme.lower()
-        if self.scheme is not None and scheme != self.scheme:
+        if scheme != self.scheme:
             return False
         if self.host is None:
             return True
@@ -263,6 +272,16 @@ class AllowRule:
         path = parts.path or "/"
         prefix = self.path if self.path.endswith("/") else self.path + "/"
         return path == self.path or path.startswith(prefix)
+
+
+def _unsafe_path(path: str) -> bool:
+    """A path a server may read differently from its text: ``.``/``..`` segments (also
+    percent-encoded), encoded slashes or backslashes. Compared as text, ``/v1/../admin``
+    would pass a ``/v1`` rule and reach ``/admin``."""
+    lowered = path.lower()
+    if "\\" in path or "%2f" in lowered or "%5c" in lowered:
+        return True
+    return any(seg in (".", "..") for seg in urllib.parse.unquote(path).split("/"))
 
 
 class _RefusedRedirect(Exception):
@@ -282,7 +301,11 @@ class _CheckedRedirects(urllib.request.HTTPRedirectHandler):
     def redirect_request(
         self, req: Any, fp: Any, code: int, msg: str, headers: Any, newurl: str
     ) -> Any:
-        target = urllib.parse.urljoin(req.full_url, newurl)
+        try:
+            target = urllib.parse.urljoin(req.full_url, newurl)
+        except ValueError as exc:
+            fp.close()
+            raise _RefusedRedirect(newurl, f"not a valid URL: {exc}") from None
         refused = self.fetcher.check(target)
         if refused:
             fp.close()  # the redirect's own response is not read
@@ -311,11 +334,17 @@ class Fetcher:
 
     def check(self, url: str) -> str | None:
         """None when ``url`` may be fetched, else the reason it may not."""
-        parsed = urllib.parse.urlsplit(url)
+        try:
+            parsed = urllib.parse.urlsplit(url)
+            parsed.port  # noqa: B018 -- raises ValueError for a bad port
+        except ValueError as exc:
+            return f"{url!r} is not a valid URL: {exc}"
         if parsed.scheme.lower() not in _DEFAULT_PORTS or not parsed.hostname:
             return f"only absolute http(s) URLs can be fetched, not {url!r}"
         if parsed.username is not None or parsed.password is not None:
             return "URLs with credentials are not fetched: send them in a header"
+        if _unsafe_path(parsed.path):
+            return f"{url} has dot segments or encoded slashes in its path"
         if not any(rule.allows(parsed) for rule in self.rules):
             return f"{url} is not on the fetch allow-list"
         if not self.allow_private:

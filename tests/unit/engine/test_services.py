@@ -314,7 +314,7 @@ def test_private_addresses_are_denied_even_when_allow_listed(url: str) -> None:
 
 @pytest.mark.parametrize("url", ["file:///etc/passwd", "ftp://example.com/", "/relative"])
 def test_only_http_urls_can_be_fetched(url: str) -> None:
-    result = Fetcher(allow=("",)).fetch("GET", url, "", "")
+    result = Fetcher(allow=("http://", "https://")).fetch("GET", url, "", "")
     assert result.status == Status.DENIED
     assert "http(s)" in result.payload
 
@@ -370,7 +370,16 @@ def test_fetch_with_malformed_headers_is_permanent(server: LocalServer) -> None:
         ("https://api.example.com/v1/", "https://api.example.com/v2/", False),
         ("https://", "https://anything.example.org/x", True),
         ("https://", "http://anything.example.org/x", False),
-        ("", "http://anything.example.org/x", True),
+        ("http://", "http://anything.example.org/x", True),
+        ("https://api.example.com/v1", "https://api.example.com/v1/../admin", False),
+        ("https://api.example.com/v1", "https://api.example.com/v1/%2e%2e/admin", False),
+        ("https://api.example.com/v1", "https://api.example.com/v1/./../admin", False),
+        ("https://api.example.com/v1", "https://api.example.com/v1/..%2fadmin", False),
+        ("https://api.example.com/v1", "https://api.example.com/v1/a%5c..%5cb", False),
+        ("https://api.example.com/", "https://api.example.com/a/../b", False),
+        ("https://api.example.com/v1", "https://api.example.com/v1/items?q=../x", True),
+        ("https://api.example.com", "http://[::1", False),
+        ("https://api.example.com", "https://api.example.com:99999/", False),
     ],
 )
 def test_allow_rules_match_scheme_exact_host_port_and_whole_path_segments(
@@ -391,6 +400,16 @@ def test_credentials_in_the_url_are_refused() -> None:
     [
         ("ftp://files.example.com/", r"only http\(s\)"),
         ("https://u:p@x.example.com/", "credentials"),
+        ("", "only http"),
+        ("   ", "only http"),
+        ("https:/api.example.com/v1", "no host"),
+        ("https:api.example.com", "no host"),
+        ("https://:8443", "no host"),
+        ("https:///v1", "no host"),
+        ("https://api.example.com/v1?key=1", "no query"),
+        ("https://api.example.com/v1#x", "no query"),
+        ("https://[::1/", "not a URL"),
+        ("https://api.example.com/v1/../admin", "dot segments"),
     ],
 )
 def test_an_allow_list_entry_that_cannot_be_interpreted_is_refused(
