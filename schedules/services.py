@@ -11,7 +11,7 @@ field '61': 61 is outside 0-59``), an unknown zone ``field="timezone"``, and so 
 from __future__ import annotations
 
 import uuid
-from datetime import datetime
+from datetime import UTC, datetime
 from typing import Any
 
 from django.core.exceptions import ValidationError
@@ -66,6 +66,30 @@ DEFAULTS: dict[str, Any] = {
     "pause_on_failure": False,
     "notes": "",
 }
+
+
+# Routes under /api/v1/schedules/ that a name would shadow.
+RESERVED_NAMES = frozenset({"preview"})
+# Instants the cron math is asked about stay within these: far enough for any real backfill
+# or preview, and clear of datetime's limits once a zone's offset is applied.
+EARLIEST = datetime(1970, 1, 1, tzinfo=UTC)
+LATEST = datetime(2200, 1, 1, tzinfo=UTC)
+
+
+def _looks_like_an_id(name: str) -> bool:
+    try:
+        uuid.UUID(name)
+    except ValueError:
+        return False
+    return True
+
+
+def _instant(value: Any, field: str) -> datetime:
+    if not isinstance(value, datetime) or value.tzinfo is None:
+        raise InvalidInput(f"{field} must be a date and time with a UTC offset", field)
+    if not EARLIEST <= value < LATEST:
+        raise InvalidInput(f"{field} must be from 1970 to 2199, not {value.isoformat()}", field)
+    return value
 
 
 class QuotaExceeded(Conflict):
@@ -135,7 +159,11 @@ def _text(value: Any, field: str, max_length: int, *, required: bool = False) ->
 
 
 def validate_schedule(
-    tenant: Tenant, values: dict[str, Any], *, schedule_id: uuid.UUID | None = None
+    tenant: Tenant,
+    values: dict[str, Any],
+    *,
+    schedule_id: uuid.UUID | None = None,
+    check_definition: bool = True,
 ) -> dict[str, Any]:
     """Check every field of a schedule (defaults filled in) and return the values to store.
     Raises InvalidInput / NotFound / Conflict naming the first offending field. Call it in
@@ -153,6 +181,12 @@ def validate_schedule(
         raise InvalidInput(
             f"name {clean['name']!r} is not valid: {name_validator.message}", "name"
         ) from None
+    if clean["name"] in RESERVED_NAMES or _looks_like_an_id(clean["name"]):
+        raise InvalidInput(
+            f"name {clean['name']!r} cannot be used: schedules are addressed by id or name, "
+            "and this one reads as an id or a route",
+            "name",
+        )
     taken = Schedule.objects.filter(tenant_id=tenant.id, name=clean["name"])
     if schedule_id is not None:
         taken = taken.exclude(id=schedule_id)
@@ -173,6 +207,11 @@ def validate_schedule(
         merged["workflow_version"], "workflow_version", 1, 2**31 - 1, optional=True
     )
     clean["workflow_tag"] = _text(merged["workflow_tag"], "workflow_tag", 64)
+    if clean["workflow_version"] is not None and clean["workflow_tag"]:
+        raise InvalidInput(
+            "give a workflow_version or a workflow_tag, not both (set the other to null/empty)",
+            "workflow_tag",
+        )
     clean["entry_point"] = _text(merged["entry_point"], "entry_point", 128) or "run"
     clean["input"] = json_text(merged["input"], "input")
     clean["notes"] = _text(merged["notes"], "notes", 10_000)
@@ -181,6 +220,8 @@ def validate_schedule(
             raise InvalidInput(f"{flag} must be true or false", flag)
         clean[flag] = merged[flag]
     clean["workflow_name"] = _text(merged.get("workflow_name"), "workflow_name", 128, required=True)
+    if not check_definition:
+        return clean
     try:
         definition = resolve_definition(
             tenant,
@@ -233,7 +274,8 @@ def preview_expression(
     """The next ``count`` instants of an expression (for forms); InvalidInput naming the
     field for a bad expression or zone."""
     count = _integer(count, "count", 1, MAX_PREVIEW) or 5
-    return timing_for(cron, timezone).preview(after or dj_timezone.now(), count)
+    after = _instant(after, "after") if after is not None else dj_timezone.now()
+    return timing_for(cron, timezone).preview(after, count)
 
 
 def preview_schedule(
@@ -288,7 +330,15 @@ def update_schedule(
     with tenant_context(tenant.id):
         found = get_schedule(tenant, schedule, lock=True)
         current = {name: getattr(found, name) for name in EDITABLE_FIELDS}
-        clean = validate_schedule(tenant, {**current, **changes}, schedule_id=found.id)
+        # The definition is checked when what the schedule starts changes: pausing or
+        # renaming a schedule whose workflow was removed since must still be possible.
+        starts = {"workflow_name", "workflow_version", "workflow_tag", "entry_point"}
+        check = any(changes[k] != current[k] for k in starts if k in changes) or (
+            changes.get("enabled") is True and not found.enabled
+        )
+        clean = validate_schedule(
+            tenant, {**current, **changes}, schedule_id=found.id, check_definition=check
+        )
         restart = (
             clean["cron"] != found.cron
             or clean["timezone"] != found.timezone
@@ -411,9 +461,7 @@ def backfill_schedule(
     fired returns its existing run (the start idempotency key is per instant)."""
     now = now or dj_timezone.now()
     policy = _policy(overlap_policy)
-    for value, field in ((start, "start"), (end, "end")):
-        if not isinstance(value, datetime) or value.tzinfo is None:
-            raise InvalidInput(f"{field} must be a date and time with a UTC offset", field)
+    start, end = _instant(start, "start"), _instant(end, "end")
     if end < start:
         raise InvalidInput("end is before start", "end")
     if end > now:

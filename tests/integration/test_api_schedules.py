@@ -172,6 +172,9 @@ def test_delete_removes_it_and_keeps_its_runs(api: Api, tenant: Tenant) -> None:
         ({"workflow_version": 1, "workflow_tag": "x"}, "workflow_tag", "not both"),
         ({"entry_point": "missing"}, "entry_point", "missing"),
         ({"overlap": "skip"}, "overlap", "not a field"),
+        ({"name": "preview"}, "name", "cannot be used"),
+        ({"name": "0123456789abcdef0123456789abcdef"}, "name", "reads as an id"),
+        ({"input": {"password": "[REDACTED]"}}, "input", "placeholder of a redacted value"),
     ],
 )
 def test_bad_input_is_a_400_naming_the_field_and_stores_nothing(
@@ -273,23 +276,24 @@ def test_backfill_delivers_each_past_instant_once(api: Api, tenant: Tenant) -> N
 
 
 @pytest.mark.parametrize(
-    ("body", "field"),
+    ("body", "field", "text"),
     [
-        ({"start": "2026-01-01T00:00:00Z", "end": "2099-01-01T00:00:00Z"}, "end"),
-        ({"start": "2026-01-02T00:00:00Z", "end": "2026-01-01T00:00:00Z"}, "end"),
-        ({"start": "yesterday", "end": "2026-01-01T00:00:00Z"}, "start"),
-        ({"start": "0001-01-01T00:00:00Z", "end": "2026-01-01T00:00:00Z"}, "start"),
-        ({"end": "2026-01-01T00:00:00Z"}, "start"),
-        ({"start": "2020-01-01T00:00:00Z", "end": "2026-01-01T00:00:00Z"}, "end"),  # > 1000
+        ({"start": "2026-01-01T00:00:00Z", "end": "2099-01-01T00:00:00Z"}, "end", "future"),
+        ({"start": "2026-01-02T00:00:00Z", "end": "2026-01-01T00:00:00Z"}, "end", "before"),
+        ({"start": "yesterday", "end": "2026-01-01T00:00:00Z"}, "start", "format"),
+        ({"start": "0001-01-01T00:00:00Z", "end": "2026-01-01T00:00:00Z"}, "start", "1970"),
+        ({"end": "2026-01-01T00:00:00Z"}, "start", "required"),
+        ({"start": "2020-01-01T00:00:00Z", "end": "2026-01-01T00:00:00Z"}, "end", "1000"),
     ],
 )
 def test_backfill_refuses_a_bad_range_naming_the_field(
-    api: Api, tenant: Tenant, body: dict[str, str], field: str
+    api: Api, tenant: Tenant, body: dict[str, str], field: str, text: str
 ) -> None:
     create(api, cron="0 * * * *")
     response = api.post(f"{URL}/nightly/backfill", body)
     assert response.status_code == 400, response.content
     assert error_of(response)["field"] == field
+    assert text in error_of(response)["message"], error_of(response)
     assert runs(tenant) == []
 
 
@@ -383,3 +387,46 @@ def test_triggering_a_schedule_whose_workflow_is_gone_is_a_409(api: Api, tenant:
     body = {"start": (hour - timedelta(days=2)).isoformat(), "end": hour.isoformat()}
     assert api.post(f"{URL}/nightly/backfill", body).status_code == 409
     assert runs(tenant) == []
+
+
+def test_a_json_string_is_an_input_like_any_other_value(api: Api) -> None:
+    assert create(api, input="hello")["input"] == "hello"
+    assert api.patch(f"{URL}/nightly", {"input": "42"}).json()["input"] == "42"
+
+
+def test_a_get_body_with_redacted_values_cannot_overwrite_the_real_ones(
+    api: Api, tenant: Tenant
+) -> None:
+    made = create(api, input={"user": "a", "password": "hunter2"})
+    assert made["input"] == {"user": "a", "password": "[REDACTED]"}
+    refused = api.put(f"{URL}/nightly", made)
+    assert refused.status_code == 400 and error_of(refused)["field"] == "input"
+    kept = api.put(f"{URL}/nightly", {k: v for k, v in made.items() if k != "input"})
+    assert kept.status_code == 200
+    (row,) = stored(tenant)
+    assert row.input == "null"  # PUT without input: the default (documented)
+    api.patch(f"{URL}/nightly", {"input": {"user": "a", "password": "hunter2"}})
+    api.patch(f"{URL}/nightly", {"notes": "input untouched by a PATCH without it"})
+    (row,) = stored(tenant)
+    assert "hunter2" in row.input
+
+
+def test_a_version_and_a_tag_cannot_both_be_set_by_a_change(api: Api) -> None:
+    create(api, workflow_version=1)
+    response = api.patch(f"{URL}/nightly", {"workflow_tag": "stable"})
+    assert response.status_code == 400 and error_of(response)["field"] == "workflow_tag"
+    moved = api.patch(f"{URL}/nightly", {"workflow_tag": "", "workflow_version": None})
+    assert moved.status_code == 200 and moved.json()["workflow_version"] is None
+
+
+def test_a_schedule_whose_workflow_is_gone_can_still_be_changed_and_paused(
+    api: Api, tenant: Tenant
+) -> None:
+    create(api)
+    with tenant_context(tenant.id):
+        WorkflowDefinition.objects.filter(tenant_id=tenant.id, name="quick").delete()
+    assert api.patch(f"{URL}/nightly", {"enabled": False, "notes": "x"}).status_code == 200
+    again = api.patch(f"{URL}/nightly", {"enabled": True})
+    assert again.status_code == 400 and error_of(again)["code"] == "unknown_definition"
+    moved = api.patch(f"{URL}/nightly", {"workflow_name": "waiter"})
+    assert moved.status_code == 200 and moved.json()["workflow_name"] == "waiter"

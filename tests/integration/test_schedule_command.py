@@ -118,6 +118,14 @@ def test_trigger_and_backfill_report_each_delivery(env: Any) -> None:
         (["preview", "--cron", "0 0 30 2 *"], "never"),
         (["backfill", "x", "--start", "soon", "--end", "2026-01-01"], "--start 'soon'"),
         (["list", "--tenant", "nobody"], "unknown tenant"),
+        (["preview", "--cron", "@daily", "--after", "9999-12-31T00:00Z"], "(after)"),
+        (
+            ["preview", "--cron", "@daily", "--after", "0001-01-01T00:00Z", "--timezone",
+             "America/New_York"],
+            "from 1970 to 2199",
+        ),
+        (["create", "x", "--workflow", "quick", "--cron", "@daily", "--workflow-version", "1",
+          "--workflow-tag", "t"], "not both"),
     ],
 )  # fmt: skip
 def test_bad_input_fails_with_the_reason(env: Any, args: list[str], message: str) -> None:

@@ -9,7 +9,7 @@ its id or by its name.
 
 from __future__ import annotations
 
-from datetime import UTC, datetime
+from datetime import datetime
 from typing import Any
 
 from django.db.models import Q, QuerySet
@@ -20,6 +20,7 @@ from rest_framework.decorators import action
 from rest_framework.request import Request
 from rest_framework.response import Response
 
+from engine.redaction import REDACTED
 from schedules import services as schedule_services
 from schedules.models import MisfirePolicy, OverlapPolicy, Schedule
 from schedules.scheduler import Delivery
@@ -33,14 +34,12 @@ from workflows.api.serializers import (
     TAG_PATTERN,
     JsonTextField,
     ReasonSerializer,
+    json_text,
 )
 from workflows.api.views import NAME_REGEX, TenantViewSet, _errors
 from workflows.models import Role
 
-# Instants the cron math is asked about stay within these years: far enough for any real
-# backfill or preview, and clear of datetime's limits once a zone's offset is applied.
-EARLIEST = datetime(1970, 1, 1, tzinfo=UTC)
-LATEST = datetime(2200, 1, 1, tzinfo=UTC)
+EARLIEST, LATEST = schedule_services.EARLIEST, schedule_services.LATEST
 MAX_NOTES = 10_000
 
 _CRON_HELP = (
@@ -51,7 +50,8 @@ _CRON_HELP = (
 
 
 class BoundedDateTimeField(serializers.DateTimeField):
-    """A date and time (ISO 8601; without an offset it is UTC) from 1970 to 2199."""
+    """A date and time (ISO 8601; without an offset, in the server's ``TIME_ZONE``, UTC by
+    default) from 1970 to 2199."""
 
     def to_internal_value(self, value: Any) -> datetime:
         parsed: datetime = super().to_internal_value(value)
@@ -279,7 +279,16 @@ class ScheduleViewSet(TenantViewSet):
         serializer.is_valid(raise_exception=True)
         values = dict(serializer.validated_data)
         if "input" in values:
-            values["input"] = services.json_text(values["input"], "input")
+            text = json_text(values["input"])
+            if REDACTED in text:
+                # What a GET returns is redacted: sent back, it would replace the real values.
+                raise InvalidRequest(
+                    f"input contains {REDACTED}, the placeholder of a redacted value: send "
+                    "the real values (or leave input out of a PATCH to keep them)",
+                    "invalid",
+                    "input",
+                )
+            values["input"] = text
         return values
 
     def _saved(self, save: Any) -> Schedule:
@@ -303,6 +312,12 @@ class ScheduleViewSet(TenantViewSet):
                 raise
             raise services.Conflict(
                 f"the schedule's workflow cannot be started: {exc.message}", "workflow_name"
+            ) from None
+        except services.InvalidInput as exc:
+            if exc.field != "entry_point":
+                raise
+            raise services.Conflict(
+                f"the schedule's workflow cannot be started: {exc.message}", "entry_point"
             ) from None
         return made
 
