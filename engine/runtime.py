@@ -19,6 +19,7 @@ import hashlib
 import importlib.metadata
 import logging
 import os
+import re
 import struct
 import tempfile
 import threading
@@ -569,6 +570,9 @@ def _signature(ty: wasmtime.FuncType) -> tuple[tuple[str, ...], tuple[str, ...]]
     return tuple(str(p) for p in ty.params), tuple(str(r) for r in ty.results)
 
 
+_ARTIFACT_NAME = re.compile(r"^[0-9a-f]{64}-wasmtime[^/]*\.(cwasm|guest\.json)$")
+
+
 class ModuleCache:
     """LRU of compiled modules, backed by a disk cache of serialized artifacts keyed by
     sha256(wasm) + wasmtime version + engine configuration.
@@ -581,6 +585,7 @@ class ModuleCache:
         self._size = max(1, size)
         self._dir = directory
         self._entries: OrderedDict[str, LoadedModule] = OrderedDict()
+        self._touched: dict[str, float] = {}  # sha -> monotonic time its artifact was touched
         self._lock = threading.Lock()
         self.hits = 0
         self.disk_hits = 0
@@ -598,39 +603,69 @@ class ModuleCache:
         with contextlib.suppress(OSError):
             os.utime(path)
 
+    # Disk-cache bookkeeping: a module used from memory marks its artifact as used at most
+    # this often; the pruning spares artifacts used more recently than the grace period (a
+    # process may be about to read them).
+    TOUCH_EVERY_S = 3600.0
+    PRUNE_GRACE_S = 600.0
+
+    def _touch_from_memory(self, sha: str) -> None:
+        """Called under the lock on a memory hit: keep its artifact recent on disk, so a
+        module every worker holds in memory is not the first another process prunes."""
+        if self._dir is None:
+            return
+        now = time.monotonic()
+        if now - self._touched.get(sha, -self.TOUCH_EVERY_S) < self.TOUCH_EVERY_S:
+            return
+        self._touched[sha] = now
+        path = self._path(sha)
+        if path is not None:
+            self.touch(path)
+
     def prune_disk(self, keep: str = "") -> list[str]:
         """Remove the least recently used artifacts of the disk cache (each ``.cwasm`` with
-        the description beside it) until it holds at most ``module_cache_max_bytes``;
-        ``.tmp`` files older than a day go too. Artifacts whose name starts with ``keep``
-        (the one just written) stay. Returns the artifact names removed."""
+        the description beside it) until it holds at most ``module_cache_max_bytes``.
+        Only names this cache writes are considered (``<sha256>-wasmtime…`` and its own
+        ``tmp….tmp`` files, those older than a day); artifacts used within the grace period
+        and those whose name starts with ``keep`` (the one just written) stay. An error
+        (a read-only directory) is logged: pruning never fails a load. Returns the artifact
+        names removed."""
+        try:
+            return self._prune_disk(keep)
+        except OSError as exc:
+            log.warning("module cache: cannot prune %s: %s", self._dir, exc)
+            return []
+
+    def _prune_disk(self, keep: str) -> list[str]:
         limit = self._runtime.config.module_cache_max_bytes
-        if self._dir is None or not self._dir.is_dir():
+        if self._dir is None or limit <= 0 or not self._dir.is_dir():
             return []
         groups: dict[str, list[tuple[Path, os.stat_result]]] = {}
         now = time.time()
         for path in self._dir.iterdir():
-            try:
-                st = path.stat()
-            except OSError:
-                continue
             name = path.name
-            if name.endswith(".tmp"):
-                if now - st.st_mtime > 86400:
-                    path.unlink(missing_ok=True)
+            try:
+                if name.startswith("tmp") and name.endswith(".tmp"):
+                    if now - path.stat().st_mtime > 86400:
+                        path.unlink(missing_ok=True)
+                    continue
+                if not _ARTIFACT_NAME.match(name):
+                    continue
+                st = path.stat()
+            except FileNotFoundError:
                 continue
-            for suffix in (".guest.json", ".cwasm"):
-                if name.endswith(suffix):
-                    groups.setdefault(name[: -len(suffix)], []).append((path, st))
-                    break
+            stem = name[: -len(".guest.json")] if name.endswith(".guest.json") else path.stem
+            groups.setdefault(stem, []).append((path, st))
         total = sum(st.st_size for files in groups.values() for _, st in files)
         removed: list[str] = []
-        if limit <= 0 or total <= limit:
+        if total <= limit:
             return removed
         by_age = sorted(groups.items(), key=lambda item: max(st.st_mtime for _, st in item[1]))
         for stem, files in by_age:
             if total <= limit:
                 break
-            if keep and stem.startswith(keep):
+            used = max(st.st_mtime for _, st in files)
+            if (keep and stem.startswith(keep)) or now - used < self.PRUNE_GRACE_S:
                 continue
             for path, st in files:
                 path.unlink(missing_ok=True)
@@ -638,6 +673,8 @@ class ModuleCache:
             removed.append(stem)
         if removed:
             log.info("module cache: removed %d least recently used artifact(s)", len(removed))
+        if total > limit:
+            log.info("module cache: %d bytes in use, over the %d-byte budget", total, limit)
         return removed
 
     def peek(self, sha: str) -> LoadedModule | None:
@@ -647,6 +684,7 @@ class ModuleCache:
             if found is not None:
                 self._entries.move_to_end(sha)
                 self.hits += 1
+                self._touch_from_memory(sha)
             return found
 
     def get(self, wasm: bytes, sha: str | None = None) -> LoadedModule:
@@ -656,6 +694,7 @@ class ModuleCache:
             if found is not None:
                 self._entries.move_to_end(sha)
                 self.hits += 1
+                self._touch_from_memory(sha)
                 return found
         loaded = self._load(wasm, sha)
         with self._lock:

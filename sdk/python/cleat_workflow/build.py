@@ -113,15 +113,24 @@ def _entry_key(path: Path) -> str | None:
     return None
 
 
+# Builds used more recently than this are never pruned: another process may have just
+# found one in the cache and be about to read it.
+PRUNE_GRACE_S = 600.0
+
+
 def prune_cache(
-    directory: Path | None = None, max_bytes: int | None = None, *, keep: Sequence[str] = ()
+    directory: Path | None = None,
+    max_bytes: int | None = None,
+    *,
+    keep: Sequence[str] = (),
+    grace_s: float = PRUNE_GRACE_S,
 ) -> PruneResult:
     """Remove the least recently used builds until the cache holds at most ``max_bytes``
     (default :func:`cache_max_bytes`; 0 means no limit). A build is its component, its
     metadata and any cached failure; "used" is the newest modification time among them (a
     cache hit touches the component). ``keep`` names keys never removed (the build just
-    made). Leftover partial files older than a day go too. Files of other names are not
-    touched."""
+    made), and builds used within ``grace_s`` stay too. Leftover partial files older than a
+    day go. Files of other names are not touched."""
     directory = directory or cache_dir()
     limit = cache_max_bytes() if max_bytes is None else max_bytes
     if not directory.is_dir():
@@ -152,10 +161,10 @@ def prune_cache(
     removed: list[str] = []
     freed = 0
     if limit > 0:
-        for _, key, size, paths in sorted(sized):
+        for used, key, size, paths in sorted(sized):
             if total <= limit:
                 break
-            if key in keep:
+            if key in keep or now - used < grace_s:
                 continue
             for path in paths:
                 with contextlib.suppress(FileNotFoundError):
@@ -283,6 +292,7 @@ def build_component(
     sources = source_files(app)
     key = build_key(app, sources, extra)
     directory = cache or cache_dir()
+    budget = cache_max_bytes()  # a bad setting fails now, not after a long build
     cached = directory / f"{key}.wasm"
     failure = directory / f"{key}.error.json"
     if failure.is_file() and not force:
@@ -301,7 +311,7 @@ def build_component(
             text = json.dumps({"message": exc.message.replace(str(app.parent), _APP_DIR)})
             _write_text(failure, text)
             raise BuildError(exc.message) from None
-        prune_cache(directory, keep=[key])
+        prune_cache(directory, budget, keep=[key])
     if output is not None:
         target = Path(output)
         target.parent.mkdir(parents=True, exist_ok=True)

@@ -259,29 +259,72 @@ def test_disk_cache_keeps_the_most_recently_used_within_its_budget(
     make_runtime: Any, tmp_path: Path
 ) -> None:
     """Past the budget, writing a new artifact removes the least recently used ones (a disk
-    hit counts as a use); the one just written always stays."""
+    hit counts as a use); the one just written and any used within the grace period stay;
+    files the cache did not write are never touched."""
     wasms = [numbered_module(n) for n in (21, 22, 23)]
+    shas = [hashlib.sha256(w).hexdigest() for w in wasms]
     unlimited = make_runtime(module_cache_dir=tmp_path, module_cache_max_bytes=0)
     for wasm in wasms[:2]:
         unlimited.load(wasm)
-    first, second = (next(tmp_path.glob(hashlib.sha256(w).hexdigest() + "*")) for w in wasms[:2])
-    size = first.stat().st_size
-    now = time.time()
-    os.utime(first, (now - 300, now - 300))
-    os.utime(second, (now - 200, now - 200))
+    first, second = (next(tmp_path.glob(sha + "*")) for sha in shas[:2])
+    stranger = tmp_path / "notes.cwasm"  # not a name the cache writes
+    stranger.write_bytes(b"x" * 10)
+
+    def age(path: Path, seconds: float) -> None:
+        then = time.time() - seconds
+        os.utime(path, (then, then))
+
+    age(first, 3000)
+    age(second, 2000)
     # A disk hit on the older one makes it the newer.
     make_runtime(module_cache_dir=tmp_path).load(wasms[0])
     assert first.stat().st_mtime > second.stat().st_mtime
-    budget = int(size * 2.5)  # room for two artifacts, not three
+    age(first, 1000)  # still the newer, and out of the grace period
+    budget = int(first.stat().st_size * 2.5)  # room for two artifacts, not three
     tight = make_runtime(module_cache_dir=tmp_path, module_cache_max_bytes=budget)
     tight.load(wasms[2])
-    names = {p.name[:64] for p in artifacts(tmp_path)}
-    assert names == {hashlib.sha256(wasms[0]).hexdigest(), hashlib.sha256(wasms[2]).hexdigest()}
-    # Smaller than one artifact: the one just written still stays.
+    assert {p.name[:64] for p in artifacts(tmp_path) if p != stranger} == {shas[0], shas[2]}
+    assert stranger.exists()
+    # Smaller than one artifact: the one just written stays, and so does one used within
+    # the grace period (another process may be about to read it).
+    age(first, 1000)
+    for path in tmp_path.glob(shas[2] + "*"):
+        age(path, 60)
     tiny = make_runtime(module_cache_dir=tmp_path, module_cache_max_bytes=1)
     tiny.load(wasms[1])
-    assert [p.name[:64] for p in artifacts(tmp_path)] == [hashlib.sha256(wasms[1]).hexdigest()]
+    assert {p.name[:64] for p in artifacts(tmp_path) if p != stranger} == {shas[1], shas[2]}
+    assert stranger.exists()
     assert completes_with(tiny, wasms[1], 22)
+
+
+def test_a_module_used_from_memory_stays_recent_on_disk(make_runtime: Any, tmp_path: Path) -> None:
+    wasm = numbered_module(24)
+    runtime = make_runtime(module_cache_dir=tmp_path)
+    runtime.load(wasm)
+    [artifact] = artifacts(tmp_path)
+    then = time.time() - 5000
+    os.utime(artifact, (then, then))
+    runtime.modules._touched.clear()  # as if the last touch was over an hour ago
+    runtime.load(wasm)  # a memory hit
+    assert runtime.modules.hits >= 1
+    assert artifact.stat().st_mtime > then + 4000
+
+
+def test_a_read_only_cache_over_its_budget_still_loads(
+    make_runtime: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    wasm = numbered_module(25)
+    runtime = make_runtime(module_cache_dir=tmp_path, module_cache_max_bytes=1)
+
+    def refuse(self: Path, missing_ok: bool = False) -> None:
+        raise PermissionError(13, "Read-only file system", str(self))
+
+    monkeypatch.setattr(Path, "unlink", refuse)
+    make_runtime(module_cache_dir=tmp_path, module_cache_max_bytes=0).load(numbered_module(26))
+    for path in tmp_path.iterdir():
+        os.utime(path, (time.time() - 5000,) * 2)
+    runtime.load(wasm)  # writes its artifact, then cannot prune the other: logged, not raised
+    assert completes_with(runtime, wasm, 25)
 
 
 def test_a_negative_disk_budget_is_refused() -> None:

@@ -181,9 +181,9 @@ def test_prune_removes_the_least_recently_used_builds_down_to_the_budget(
     tmp_path: Path,
 ) -> None:
     now = time.time()
-    old = _entry(tmp_path, "a", 1000, now - 300, failure=True)
-    middle = _entry(tmp_path, "b", 1000, now - 200)
-    new = _entry(tmp_path, "c", 1000, now - 100)
+    old = _entry(tmp_path, "a", 1000, now - 3000, failure=True)
+    middle = _entry(tmp_path, "b", 1000, now - 2000)
+    new = _entry(tmp_path, "c", 1000, now - 1000)
     (tmp_path / "notes.txt").write_text("not the cache's")
     result = build.prune_cache(tmp_path, 2100)
     assert result.removed == (old,)
@@ -194,6 +194,25 @@ def test_prune_removes_the_least_recently_used_builds_down_to_the_budget(
     assert build.prune_cache(tmp_path, 2100).removed == ()  # already within the budget
     assert build.prune_cache(tmp_path, 500, keep=[middle]).removed == (new,)
     assert build.prune_cache(tmp_path, 0).removed == ()  # 0: no limit
+
+
+def test_prune_spares_builds_used_within_the_grace_period(tmp_path: Path) -> None:
+    now = time.time()
+    recent = _entry(tmp_path, "d", 1000, now - 60)
+    older = _entry(tmp_path, "e", 1000, now - 5000)
+    assert build.prune_cache(tmp_path, 10).removed == (older,)
+    assert build.prune_cache(tmp_path, 10).removed == ()  # over budget, but in use lately
+    assert build.prune_cache(tmp_path, 10, grace_s=0).removed == (recent,)
+
+
+def test_a_bad_budget_fails_before_building(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    write(tmp_path / "src", {"app.py": "x = 1\n"})
+    monkeypatch.setenv("CLEAT_COMPONENT_CACHE_MAX_MB", "lots")
+    monkeypatch.setattr(build, "_componentize", lambda *a: pytest.fail("built anyway"))
+    with pytest.raises(BuildError, match="whole number"):
+        build_component(tmp_path / "src" / "app.py", cache=tmp_path / "cache")
 
 
 def test_prune_clears_stale_partial_files_only(tmp_path: Path) -> None:
