@@ -7,6 +7,7 @@ Run it from the repository root (PostgreSQL reachable as a superuser, ``pgbench`
     .venv/bin/python -m bench.store_bench                       # everything, about 5 minutes
     .venv/bin/python -m bench.store_bench --no-dbos --latency-runs 50
     .venv/bin/python -m bench.store_bench --only profile        # where one step's time goes
+    .venv/bin/python -m bench.store_bench --only breakdown      # where a start -> done goes
 
 What it does (``bench/README.md``, section "Store benchmark", has the details):
 
@@ -21,7 +22,10 @@ What it does (``bench/README.md``, section "Store benchmark", has the details):
 4. the same throughput workload on DBOS Transact (``bench/dbos_workload.py``, its own
    database) and pgbench's single-client one-row INSERT rate on a one-table database;
 5. a final table with the goals. ``--only profile`` runs segments in this process, one after
-   another, and prints the SQL each step issues and a cProfile summary.
+   another, and prints the SQL each step issues and a cProfile summary. ``--only breakdown``
+   runs the latency workload against a worker whose loop is wrapped with timing hooks and
+   prints each phase of a start -> done (the start's commit, the NOTIFY, the claim, the
+   hand-off, the load, the segment, the finalize), the round trips and the GC pauses.
 
 Every database it creates is dropped at the end (``--keep`` keeps them).
 """
@@ -32,6 +36,7 @@ import argparse
 import contextlib
 import cProfile
 import io
+import itertools
 import json
 import os
 import platform
@@ -354,6 +359,263 @@ def cleat_latency(cleat: Cleat, runs: int, concurrency: int) -> Latency:
     return Latency(samples, observed)
 
 
+# --- where the latency goes --------------------------------------------------------------------
+# `--only breakdown`: the latency workload with a worker whose functions are wrapped to note
+# the wall clock (time.time(), comparable across the two processes) at each phase, and every
+# SQL statement, commit and health check on each thread. The wrappers cost a few hundred
+# microseconds per run, so the phases add up to a little more than the plain latency run.
+
+BREAKDOWN_PHASES = (
+    # (label, from mark, to mark)
+    ("start: created_at -> commit (client)", "created", "committed"),
+    ("commit -> NOTIFY received (listener)", "committed", "notified"),
+    ("NOTIFY -> claim sent (loop wakes)", "notified", "claim>"),
+    ("claim (definer function, commit)", "claim>", "claim<"),
+    ("claim -> segment thread starts", "claim<", "exec>"),
+    ("segment thread -> load sent", "exec>", "load>"),
+    ("load", "load>", "load<"),
+    ("instantiate, run, the step's append", "segment>", "segment<"),
+    ("finalize (incl. its commit)", "finalize>", "finalize<"),
+    ("row latency: completed_at - created_at", "created", "completed"),
+    ("created_at -> finalize committed", "created", "finalize<"),
+)
+
+
+def trace_worker(out_path: str, concurrency: int) -> None:
+    """The production worker loop with timing wrappers (run in the worker process)."""
+    import threading
+
+    import django
+
+    django.setup()
+    from django.db.backends.base.base import BaseDatabaseWrapper
+    from django.db.backends.utils import CursorWrapper
+
+    from engine.runtime import WasmRuntime
+    from workflows import executor, worker
+
+    out = open(out_path, "a", buffering=1)  # noqa: SIM115 -- the process's lifetime
+    lock = threading.Lock()
+
+    def note(ev: str, **kw: Any) -> None:
+        kw.update(ev=ev, t=time.time(), th=threading.current_thread().name)
+        with lock:
+            out.write(json.dumps(kw, default=str) + "\n")
+
+    def timed(owner: Any, name: str, ev: str) -> None:
+        original = getattr(owner, name)
+
+        def wrapper(*args: Any, **kw: Any) -> Any:
+            started = time.perf_counter()
+            try:
+                return original(*args, **kw)
+            finally:
+                note(ev, ms=(time.perf_counter() - started) * 1000)
+
+        setattr(owner, name, wrapper)
+
+    def phase(owner: Any, name: str, ev: str) -> None:
+        original = getattr(owner, name)
+
+        def wrapper(*args: Any, **kw: Any) -> Any:
+            note(ev + ">")
+            try:
+                return original(*args, **kw)
+            finally:
+                note(ev + "<")
+
+        setattr(owner, name, wrapper)
+
+    import gc
+
+    gc_started: list[float] = []
+
+    def gc_callback(phase_name: str, info: dict[str, Any]) -> None:
+        if phase_name == "start":
+            gc_started.append(time.perf_counter())
+        elif gc_started:
+            ms = (time.perf_counter() - gc_started.pop()) * 1000
+            if ms >= 1.0:
+                note("gc", ms=ms, generation=info.get("generation"))
+
+    gc.callbacks.append(gc_callback)
+    timed(CursorWrapper, "_execute", "sql")
+    timed(BaseDatabaseWrapper, "commit", "sql")
+    timed(BaseDatabaseWrapper, "connect", "connect")
+    # Django's health check (a SELECT 1), overridden by each backend's wrapper class
+    from django.db import connections
+
+    timed(type(connections["default"]), "is_usable", "sql")
+    phase(worker, "claim_ready_instances", "claim")
+    phase(executor, "load_run", "load")
+    phase(executor, "finalize_segment", "finalize")
+    phase(WasmRuntime, "run_segment", "segment")
+    execute = worker.Worker._execute
+
+    def traced_execute(self: Any, claim: Any) -> Any:
+        note("exec>", run=str(claim.id))
+        try:
+            return execute(self, claim)
+        finally:
+            note("exec<", run=str(claim.id))
+
+    worker.Worker._execute = traced_execute  # type: ignore[method-assign]
+    listener_init = worker._PgListener.__init__
+
+    def traced_listener(self: Any, params: Any, wake: Any) -> None:
+        def on_notify() -> None:
+            note("notified")
+            wake()
+
+        listener_init(self, params, on_notify)
+
+    worker._PgListener.__init__ = traced_listener  # type: ignore[method-assign]
+    w = worker.Worker(worker.WorkerOptions(concurrency=concurrency))
+    w.install_signal_handlers()
+    w.run()
+
+
+def cleat_breakdown(cleat: Cleat, runs: int, concurrency: int) -> None:
+    from django.db import connections
+
+    from workflows.models import Status, WorkflowInstance
+    from workflows.services import start_workflow
+    from workflows.store import wake
+    from workflows.tenancy import tenant_context
+
+    cleat.reset()
+    trace = cleat.logdir / "breakdown.jsonl"
+    out = open(cleat.logdir / "cleat-breakdown.log", "ab")  # noqa: SIM115
+    command = ["-m", "bench.store_bench", "--trace-worker", str(trace)]
+    worker = subprocess.Popen(
+        [PYTHON, *command, "--concurrency", str(concurrency)],
+        cwd=ROOT,
+        env=cleat.env,
+        stdout=out,
+        stderr=subprocess.STDOUT,
+        start_new_session=True,
+    )
+    committed: list[float] = []
+    real_notify = wake.notify
+
+    def notify() -> None:  # called on the start's commit (transaction.on_commit)
+        committed.append(time.time())
+        real_notify()
+
+    wake.notify = notify  # type: ignore[assignment]
+
+    def one() -> dict[str, Any]:
+        instance, _ = start_workflow(cleat.tenant, "bench_steps", 1)
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:
+            with tenant_context(cleat.tenant.id):
+                row = (
+                    WorkflowInstance.objects.filter(id=instance.id)
+                    .values_list("status", "created_at", "completed_at")
+                    .get()
+                )
+            if row[0] == Status.DONE:
+                return {
+                    "run": str(instance.id),
+                    "created": row[1].timestamp(),
+                    "committed": committed[-1],
+                    "completed": row[2].timestamp(),
+                    "seen": time.time(),
+                }
+            time.sleep(0.002)
+        raise RuntimeError("breakdown run not done after 30 s")
+
+    try:
+        for _ in range(5):
+            one()
+        time.sleep(1.0)
+        samples = []
+        for _ in range(runs):
+            samples.append(one())
+            time.sleep(0.02)
+    finally:
+        wake.notify = real_notify  # type: ignore[assignment]
+        os.killpg(worker.pid, signal.SIGTERM)
+        worker.wait(timeout=60)
+        connections.close_all()
+    events = sorted(
+        (json.loads(line) for line in trace.read_text().splitlines()), key=lambda e: e["t"]
+    )
+    rows, trips = _breakdown_rows(samples, events)
+    print(f"\n== latency breakdown: {len(rows)} of {runs} sequential 1-step runs, ms")
+    print(f"   {'phase':42} {'p50':>7} {'p90':>7} {'p99':>7}")
+    for label, start, end in BREAKDOWN_PHASES:
+        values = sorted(r[end] - r[start] for r in rows if start in r and end in r)
+        if values:
+            pct = [_percentile(values, p) * 1000 for p in (50, 90, 99)]
+            print(f"   {label:42} {pct[0]:7.2f} {pct[1]:7.2f} {pct[2]:7.2f}")
+    for where, counts in trips.items():
+        print(f"   round trips per run, {where}: {statistics.median(counts):.0f} (median)")
+    if samples:
+        window = (samples[0]["created"], samples[-1]["seen"])
+        pauses = [e["ms"] for e in events if e["ev"] == "gc" and window[0] <= e["t"] <= window[1]]
+        print(
+            f"   worker GC pauses >= 1 ms during the runs: {len(pauses)}"
+            + (f", longest {max(pauses):.1f} ms" if pauses else "")
+        )
+    marks = ["created", "committed", "notified", "claim>", "claim<", "exec>", "load>", "load<"]
+    marks += ["segment>", "segment<", "completed", "finalize>", "finalize<"]
+    slowest = sorted(rows, key=lambda r: r["created"] - r["completed"])[:3]
+    for r in slowest:  # where the outliers' time went: each mark after the previous one
+        known = [m for m in marks if m in r]
+        steps = ", ".join(f"{b} +{(r[b] - r[a]) * 1000:.1f}" for a, b in itertools.pairwise(known))
+        print(f"   slow run, {(r['completed'] - r['created']) * 1000:.1f} ms: {steps}")
+    (cleat.logdir / "breakdown-runs.json").write_text(json.dumps(rows))
+
+
+def _percentile(data: Sequence[float], p: float) -> float:
+    k = (len(data) - 1) * p / 100
+    lo, hi = int(k), min(int(k) + 1, len(data) - 1)
+    return data[lo] + (data[hi] - data[lo]) * (k - lo)
+
+
+def _breakdown_rows(
+    samples: Sequence[dict[str, Any]], events: Sequence[dict[str, Any]]
+) -> tuple[list[dict[str, float]], dict[str, list[int]]]:
+    """Each sample's marks from the worker's trace: the first of each kind after the
+    previous one, within the sample's window, on the run's segment thread for its phases."""
+    rows: list[dict[str, float]] = []
+    trips: dict[str, list[int]] = {"loop (NOTIFY -> claim)": [], "segment thread": []}
+    for sample in samples:
+        window = [e for e in events if sample["committed"] - 0.001 <= e["t"] <= sample["seen"]]
+        marks: dict[str, float] = {k: sample[k] for k in ("created", "committed", "completed")}
+        start = next((e for e in window if e["ev"] == "exec>" and e["run"] == sample["run"]), None)
+        end = next((e for e in window if e["ev"] == "exec<" and e["run"] == sample["run"]), None)
+        if start is None or end is None:
+            continue
+        after = sample["committed"]
+        for ev in ("notified", "claim>", "claim<"):
+            found = next((e for e in window if e["ev"] == ev and e["t"] >= after), None)
+            if found is None:
+                break
+            marks[ev] = after = found["t"]
+        thread = [e for e in window if e["th"] == start["th"] and start["t"] <= e["t"] <= end["t"]]
+        marks["exec>"], after = start["t"], start["t"]
+        for ev in ("load>", "load<", "segment>", "segment<", "finalize>", "finalize<"):
+            found = next((e for e in thread if e["ev"] == ev and e["t"] >= after), None)
+            if found is None:
+                break
+            marks[ev] = after = found["t"]
+        if "notified" in marks and "claim<" in marks:
+            trips["loop (NOTIFY -> claim)"].append(
+                sum(
+                    1
+                    for e in window
+                    if e["ev"] == "sql"
+                    and e["th"] == "MainThread"
+                    and marks["notified"] <= e["t"] <= marks["claim<"]
+                )
+            )
+        trips["segment thread"].append(sum(1 for e in thread if e["ev"] == "sql"))
+        rows.append(marks)
+    return rows, trips
+
+
 # --- the comparisons ---------------------------------------------------------------------------
 
 
@@ -435,8 +697,13 @@ def pgbench_inserts(server: Server, db: str, seconds: int, workdir: Path) -> flo
 def _statement_kind(sql: str) -> str:
     text = " ".join(sql.split())
     head = text[:80].upper()
-    if "SET_CONFIG" in head and "WITH FENCE" in text.upper():
+    upper = text.upper()
+    if "SET_CONFIG" in head and "WITH FENCE" in upper and "COMPLETED_AT = " in upper:
+        return "set_config + finalize done (one message)"
+    if "SET_CONFIG" in head and "WITH FENCE" in upper:
         return "set_config + fenced append (one message)"
+    if "SET_CONFIG" in head and "ORDER BY STEP" in upper:
+        return "set_config + load (one message)"
     if "SET_CONFIG" in head:
         return "set_config (tenant)"
     if "CLAIM_INSTANCES" in head:
@@ -518,7 +785,8 @@ def profile(cleat: Cleat, workflows: int, steps: int, with_cprofile: bool) -> No
     )
     print(f"   {'statement':48} {'count':>7} {'per step':>9} {'mean ms':>8} {'ms/step':>8}")
     rows = sorted(stats.items(), key=lambda kv: -sum(kv[1]))
-    rows.append(("COMMIT (connection.commit)", commits))
+    if commits:
+        rows.append(("COMMIT (connection.commit)", commits))
     sql_time = 0.0
     for kind, times in rows:
         sql_time += sum(times)
@@ -682,7 +950,7 @@ def main(argv: Sequence[str] | None = None) -> None:
         type=int,
         default=0,
         help="CONN_MAX_AGE of the workers' connections (DATABASE_URL ?conn_max_age=); "
-        "0, Django's default, reconnects for every segment",
+        "0 leaves it to the settings (env CONN_MAX_AGE, default 60 s: connections are kept)",
     )
     parser.add_argument("--latency-runs", type=int, default=200)
     parser.add_argument("--dbos", action=argparse.BooleanOptionalAction, default=True)
@@ -691,16 +959,20 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--pgbench-seconds", type=int, default=10)
     parser.add_argument(
         "--only",
-        choices=["throughput", "latency", "dbos", "pgbench", "profile"],
+        choices=["throughput", "latency", "dbos", "pgbench", "profile", "breakdown"],
         action="append",
-        help="run only these parts (repeatable); default all but profile",
+        help="run only these parts (repeatable); default all but profile and breakdown",
     )
     parser.add_argument("--profile-workflows", type=int, default=200)
     parser.add_argument(
         "--cprofile", action="store_true", help="profile: add a cProfile listing (slower)"
     )
     parser.add_argument("--keep", action="store_true", help="keep the databases")
+    parser.add_argument("--trace-worker", default=None, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
+    if args.trace_worker:  # the worker process of `--only breakdown`
+        trace_worker(args.trace_worker, args.concurrency)
+        return
     parts = set(args.only or ["throughput", "latency", "dbos", "pgbench"])
     if not args.dbos:
         parts.discard("dbos")
@@ -727,7 +999,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     latency: Latency | None = None
     pgbench: float | None = None
     with _databases(server, list(names.values()), args.keep):
-        needs_cleat = parts & {"throughput", "latency", "profile"}
+        needs_cleat = parts & {"throughput", "latency", "profile", "breakdown"}
         cleat = Cleat(server, names["cleat"], args.conn_max_age, logdir)
         if needs_cleat:
             cleat.prepare()
@@ -751,6 +1023,8 @@ def main(argv: Sequence[str] | None = None) -> None:
                 f"[load {_load()}]",
                 flush=True,
             )
+        if "breakdown" in parts and args.latency_runs > 0:
+            cleat_breakdown(cleat, args.latency_runs, args.concurrency)
         if "dbos" in parts:
             conc = args.dbos_concurrency or args.concurrency
             for n in processes:

@@ -10,6 +10,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import datetime
 
+from django.db import InterfaceError, OperationalError, connection
+
 from engine.errors import ErrorCode, FenceLost, InvalidModule
 from engine.runtime import WasmRuntime
 from engine.services import Services
@@ -82,7 +84,7 @@ def execute_claim(
 ) -> SegmentReport:
     """Run one claimed segment. ``clock`` replaces the wall clock (tests with virtual time)."""
     started = time.monotonic()
-    loaded = load_run(claim, worker_id)
+    loaded = _load(claim, worker_id)
     if loaded is None:
         return SegmentReport(str(claim.id), "gone", "", 0, 0, 0.0)
     runtime = get_runtime()
@@ -145,6 +147,20 @@ def execute_claim(
         _ms(started),
         detail,
     )
+
+
+def _load(claim: Claim, worker_id: str) -> LoadedRun | None:
+    """:func:`load_run`, once more on a new connection when the thread's connection turns out
+    to be dead (the worker skips the health check of one that answered a moment ago; the
+    load only reads, so reading again is safe)."""
+    try:
+        return load_run(claim, worker_id)
+    except (InterfaceError, OperationalError):
+        if connection.in_atomic_block or connection.is_usable():
+            raise
+        log.warning("event=reconnect run=%s (the connection was dead)", claim.id)
+        connection.close()
+        return load_run(claim, worker_id)
 
 
 def _fail_unloadable(

@@ -1,6 +1,14 @@
 """The dispatch worker: claims due runs in batches, executes their segments on a thread pool,
 keeps their leases alive, reaps the leases of workers that died, and sleeps until the next
-due instant or a PostgreSQL NOTIFY.
+due instant, a PostgreSQL NOTIFY or a segment's end -- whichever comes first.
+
+Waking up: a listener thread holds a dedicated connection in ``LISTEN cleat_wake`` and sets
+an event on every notification; finished segments and ``stop()`` set it too. The loop clears
+the event *before* each claim and sleeps on it afterwards, so a notification that arrives
+after a claim's snapshot (a run that claim could not see) ends the next sleep at once, even
+while other segments run: wake-ups are at least once, never a poll interval late. While the
+listener is not connected (start-up failure, a dropped connection being re-opened) the loop
+polls at its poll interval, and every (re)connection wakes it once to catch up.
 
 The worker owns only the loop. A bad row, a failing workflow or a database blip is logged
 and the loop goes on; SIGTERM stops claiming, lets running segments finish (each is bounded
@@ -10,6 +18,7 @@ by the segment deadline) and exits.
 from __future__ import annotations
 
 import contextlib
+import gc
 import logging
 import os
 import signal
@@ -17,7 +26,7 @@ import socket
 import threading
 import time
 import uuid
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from concurrent.futures import ALL_COMPLETED, FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass, field
 from datetime import timedelta
@@ -48,6 +57,51 @@ LOOP_ERRORS = Counter("cleat_worker_loop_errors_total", "Errors caught by the wo
 INFLIGHT = Gauge("cleat_worker_inflight", "Segments running now")
 
 
+# A connection that answered this recently skips Django's health check (a ``SELECT 1`` round
+# trip before the first query after close_old_connections()) on the worker's hot paths. One
+# that died in between fails its next statement instead: a segment's load is then read again
+# on a new connection (executor._load); a claim fails as a loop error, retried after the
+# loop's backoff; close_old_connections() drops the dead connection.
+FRESH_CONNECTION_S = 1.0
+
+_fresh = threading.local()
+
+
+def _tidy_connection() -> None:
+    """close_old_connections(), without the health check of a connection that answered
+    less than FRESH_CONNECTION_S ago on this thread (see _mark_fresh)."""
+    close_old_connections()
+    if (
+        connection.connection is not None
+        and time.monotonic() < getattr(_fresh, "until", 0.0)
+        and hasattr(connection, "health_check_done")
+    ):
+        connection.health_check_done = True
+
+
+def _mark_fresh() -> None:
+    """This thread's connection just answered without an error."""
+    if connection.connection is not None and not connection.errors_occurred:
+        _fresh.until = time.monotonic() + FRESH_CONNECTION_S
+    else:
+        _fresh.until = 0.0
+
+
+_gc_frozen = False
+
+
+def _freeze_long_lived_objects() -> None:
+    """Once per process: move everything alive at the worker's start (Django, the project's
+    modules, wasmtime's bindings) out of the cyclic collector's reach (``gc.freeze``). A full
+    collection walked them all and paused the segment threads for 40-60 ms in the store
+    benchmark; it now walks only what was created since."""
+    global _gc_frozen
+    if not _gc_frozen:
+        _gc_frozen = True
+        gc.collect()
+        gc.freeze()
+
+
 def default_worker_id() -> str:
     return f"{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:6]}"
 
@@ -68,6 +122,10 @@ class Worker:
     def __init__(self, options: WorkerOptions) -> None:
         self.options = options
         self._stop = threading.Event()
+        # Set by a NOTIFY, a finished segment and stop(): ends the idle sleep.
+        self._wake = threading.Event()
+        # Set by a finished segment and stop(): ends the sleep of a worker with no free slot.
+        self._freed = threading.Event()
         self._inflight: dict[Future[SegmentReport], Claim] = {}
         self.processed = 0
         self._listener: _PgListener | None = None
@@ -89,8 +147,8 @@ class Worker:
                 len(self._inflight),
             )
         self._stop.set()
-        if self._listener is not None:
-            self._listener.interrupt()
+        self._wake.set()
+        self._freed.set()
 
     def install_signal_handlers(self) -> None:
         if threading.current_thread() is threading.main_thread():
@@ -107,8 +165,10 @@ class Worker:
             opts.tenant or "all",
             opts.burst,
         )
+        _freeze_long_lived_objects()
         if connection.vendor == "postgresql" and not opts.burst:
-            self._listener = _PgListener.open()
+            self._listener = _PgListener(connection.get_connection_params(), self._wake.set)
+            self._listener.start()
         pool = ThreadPoolExecutor(max_workers=opts.concurrency, thread_name_prefix="cleat-segment")
         lease = timedelta(seconds=opts.lease_s)
         last_beat = last_reap = 0.0
@@ -116,7 +176,11 @@ class Worker:
         try:
             while not self._stop.is_set():
                 try:
-                    close_old_connections()
+                    # Cleared before the claim: whatever is notified from here on is either
+                    # seen by this claim or ends the sleep below at once.
+                    self._wake.clear()
+                    self._freed.clear()
+                    _tidy_connection()
                     if self._schedules is not None:  # before `now`: the claim takes what fired
                         self._schedules.run_due(timezone.now())
                     now = timezone.now()
@@ -130,9 +194,7 @@ class Worker:
                             REAPED.inc(reaped)
                             log.info("event=reaped count=%d", reaped)
                         last_reap = tick
-                    free = opts.concurrency - len(self._inflight)
-                    if opts.max_segments is not None:
-                        free = min(free, opts.max_segments - self.processed - len(self._inflight))
+                    free = self._free_slots()
                     # Burst ends only when a claim found nothing due with nothing in flight:
                     # an empty claim for lack of capacity, or while running segments could
                     # still make runs due, is no reason to stop.
@@ -140,9 +202,13 @@ class Worker:
                     claims = claim_ready_instances(
                         opts.worker_id, opts.task_queues, free, now, opts.tenant
                     )
+                    if free > 0:  # the claim asked the database
+                        _mark_fresh()
                     CLAIMED.inc(len(claims))
                     for claim in claims:
-                        self._inflight[pool.submit(self._execute, claim)] = claim
+                        future = pool.submit(self._execute, claim)
+                        self._inflight[future] = claim
+                        future.add_done_callback(self._segment_finished)
                     INFLIGHT.set(len(self._inflight))
                     self._collect(block=False)
                     errors = 0
@@ -151,9 +217,12 @@ class Worker:
                         break
                     if opts.burst and idle and not claims and not self._inflight:
                         break
-                    if not claims:
+                    # Fewer runs than free slots: nothing else was due at `now`, so sleep (a
+                    # run started since then has notified). A full batch: claim again.
+                    if len(claims) < free or free <= 0:
                         self._idle(now)
                 except Exception:
+                    _fresh.until = 0.0
                     errors += 1
                     LOOP_ERRORS.inc()
                     log.exception("event=worker_loop_error worker=%s", opts.worker_id)
@@ -164,6 +233,7 @@ class Worker:
             pool.shutdown(wait=True)
             if self._listener is not None:
                 self._listener.close()
+                self._listener = None
             close_old_connections()
             log.info("event=worker_stopped worker=%s processed=%d", opts.worker_id, self.processed)
         return self.processed
@@ -180,11 +250,27 @@ class Worker:
             0.0 if due else time.monotonic() + self.options.poll_interval_s
         )
 
+    def _free_slots(self) -> int:
+        free = self.options.concurrency - len(self._inflight)
+        if self.options.max_segments is not None:
+            free = min(free, self.options.max_segments - self.processed - len(self._inflight))
+        return max(0, free)
+
+    def _segment_finished(self, _future: Future[SegmentReport]) -> None:
+        """A segment's end (on its pool thread): a slot is free, and the run it finalized
+        may have made others due."""
+        self._freed.set()
+        self._wake.set()
+
     def _execute(self, claim: Claim) -> SegmentReport:
-        close_old_connections()
+        _tidy_connection()
         try:
             with SEGMENT_SECONDS.time():
                 report = execute_claim(claim, self.options.worker_id)
+            _mark_fresh()
+        except BaseException:
+            _fresh.until = 0.0
+            raise
         finally:
             close_old_connections()
         return report
@@ -221,62 +307,84 @@ class Worker:
         INFLIGHT.set(len(self._inflight))
 
     def _idle(self, now: Any) -> None:
-        """Sleep until a segment finishes, the next run is due, a NOTIFY arrives, or the poll
-        interval passes -- whichever comes first."""
-        timeout = self.options.poll_interval_s
-        if not self.options.burst:
-            due = next_due_at(self.options.task_queues, self.options.tenant)
-            if due is not None:
-                timeout = max(0.0, min(timeout, (due - now).total_seconds()))
-        if self.options.burst:
-            timeout = min(timeout, 0.05)
+        """Sleep until the next run is due, a NOTIFY arrives, a segment finishes, the next
+        schedule instant, or the poll interval passes -- whichever comes first. With no free
+        slot a NOTIFY cannot be acted on: sleep until a segment finishes instead (the
+        notified run is claimed then)."""
+        opts = self.options
+        timeout = opts.poll_interval_s
         if self._schedules is not None:  # wake for the next schedule instant too
             timeout = min(timeout, self._schedules.seconds_until_due(now))
-        if self._inflight:
-            done, _ = wait(list(self._inflight), timeout=timeout, return_when=FIRST_COMPLETED)
-            if done:
-                return
-        elif self._listener is not None:
-            self._listener.wait(timeout)
-        elif timeout > 0:
-            self._stop.wait(timeout)
+        if self._free_slots() <= 0:
+            if timeout > 0:
+                self._freed.wait(timeout)
+            return
+        if opts.burst:
+            timeout = min(timeout, 0.05)
+        else:
+            due = next_due_at(opts.task_queues, opts.tenant)
+            if due is not None:
+                timeout = max(0.0, min(timeout, (due - now).total_seconds()))
+        if timeout > 0:
+            self._wake.wait(timeout)
 
 
-class _PgListener:
-    """A dedicated autocommit connection LISTENing for ``cleat_wake``."""
+class _PgListener(threading.Thread):
+    """``LISTEN cleat_wake`` on a dedicated autocommit connection, in a thread of its own:
+    every notification calls ``wake``, at once. A failed or dropped connection is re-opened
+    with backoff; each (re)connection calls ``wake`` too, since notifications sent while it
+    was not listening are lost (the loop polls meanwhile)."""
 
-    def __init__(self, conn: Any) -> None:
-        self._conn = conn
-        self._interrupted = threading.Event()
+    CHECK_S = 0.5  # how often a quiet listener looks at its closing flag
+    BACKOFF_S = (0.5, 30.0)  # first and longest wait before re-connecting
 
-    @classmethod
-    def open(cls) -> _PgListener | None:
-        import psycopg
-
-        params = connection.get_connection_params()
+    def __init__(self, params: dict[str, Any], wake: Callable[[], None]) -> None:
+        super().__init__(name="cleat-listen", daemon=True)
+        params = dict(params)
         params.pop("cursor_factory", None)
         params.pop("context", None)
-        try:
-            conn = psycopg.connect(**params, autocommit=True)
-            conn.execute(f"LISTEN {wake.NOTIFY_CHANNEL}")
-        except Exception:
-            log.warning("event=listen_unavailable (falling back to polling)", exc_info=True)
-            return None
-        return cls(conn)
+        self._params = params
+        self._on_notify = wake
+        self._closing = threading.Event()
+        self.connected = threading.Event()
+        self._conn: Any = None
 
-    def wait(self, timeout: float) -> None:
-        if timeout <= 0 or self._interrupted.is_set():
-            return
-        try:
-            for _ in self._conn.notifies(timeout=timeout, stop_after=1):
-                pass
-        except Exception:
-            log.warning("event=listen_failed", exc_info=True)
-            time.sleep(min(timeout, 1.0))
+    def run(self) -> None:
+        import psycopg
 
-    def interrupt(self) -> None:
-        self._interrupted.set()
+        delay, failures = self.BACKOFF_S[0], 0
+        while not self._closing.is_set():
+            try:
+                self._conn = psycopg.connect(**self._params, autocommit=True)
+                self._conn.execute(f"LISTEN {wake.NOTIFY_CHANNEL}")
+                self.connected.set()
+                if failures:
+                    log.info("event=listen_restored")
+                delay, failures = self.BACKOFF_S[0], 0
+                self._on_notify()  # catch up with what was notified while not listening
+                while not self._closing.is_set():
+                    for _ in self._conn.notifies(timeout=self.CHECK_S):
+                        self._on_notify()
+            except Exception:
+                if self._closing.is_set():
+                    break
+                failures += 1
+                event = "listen_unavailable" if failures == 1 else "listen_retry"
+                log.warning(
+                    "event=%s (polling meanwhile; retry in %.1fs)", event, delay, exc_info=True
+                )
+            finally:
+                self.connected.clear()
+                self._close_connection()
+            self._closing.wait(delay)
+            delay = min(delay * 2, self.BACKOFF_S[1])
+
+    def _close_connection(self) -> None:
+        conn, self._conn = self._conn, None
+        if conn is not None:
+            with contextlib.suppress(Exception):
+                conn.close()
 
     def close(self) -> None:
-        with contextlib.suppress(Exception):
-            self._conn.close()
+        self._closing.set()
+        self.join(timeout=self.CHECK_S * 4)

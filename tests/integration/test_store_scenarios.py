@@ -462,3 +462,217 @@ def test_retry_from_the_dead_letter_queue_makes_the_failed_call_again(make_env: 
     assert env.result(run) == [[0, '{"ok":true}']]
     assert flaky.ops() == ["go", "go"]
     assert [e.TYPE.value for e in env.history(run)] == ["admin_action", "call"]
+
+
+# --- the finalize's fast path and its fallbacks ------------------------------------------------
+# On PostgreSQL a plain completion is finalized in one statement; anything it does not cover
+# (an open child, a lost fence) must take the general path. These run on every database.
+
+
+def segment_by_hand(env: DatabaseWorkflowEnvironment, wasm: bytes, worker_id: str) -> Any:
+    """Claim the due run and execute its segment, without finalizing: (loaded, result)."""
+    from django.utils import timezone
+
+    from engine.session import RunInfo
+    from workflows.executor import get_runtime, get_services
+    from workflows.store.lifecycle import claim_ready_instances, load_run
+    from workflows.store.storage import DjangoStorage
+
+    [claim] = claim_ready_instances(worker_id, ["default"], 1, timezone.now())
+    loaded = load_run(claim, worker_id)
+    assert loaded is not None
+    instance = loaded.instance
+    info = RunInfo(
+        ref=loaded.ref,
+        definition=instance.definition_name,
+        version=instance.definition_version,
+        input=instance.input,
+        start_ms=int(instance.created_at.timestamp() * 1000),
+    )
+    result = get_runtime().run_segment(
+        get_runtime().load(wasm),
+        info,
+        loaded.history,
+        DjangoStorage(claim.tenant_id),
+        get_services(),
+    )
+    return loaded, result
+
+
+def test_a_completing_parent_closes_its_open_child(make_env: Any) -> None:
+    """A parent that completes while its child still waits terminates the child (its
+    parent-close policy): the one-statement completion must not skip that."""
+    parent = Wat()
+    parent.run(f"(drop (call $child_workflow {parent.s('waiter')} {parent.js({})})) (call $finish)")
+    env = make_env()
+    env.deploy("parent", parent.wasm())
+    env.deploy("waiter", signal_waiter().wasm())
+    run = env.run("parent")
+    assert env.result(run) == []
+    with tenant_context(env.tenant.id):
+        child = WorkflowInstance.objects.get(parent_id=run)
+    assert (child.status, child.error_code) == (Status.TERMINATED, "terminated")
+    assert child.generation == 1  # fenced by the close; never claimed
+
+
+def test_an_update_still_pending_when_the_run_completes_is_failed(make_env: Any) -> None:
+    """An update that arrives while the last segment runs (the run has no handler left to
+    answer it) is failed by the finalize, with the run's final status."""
+    from workflows.models import UpdateRequest
+    from workflows.store.lifecycle import finalize_segment
+
+    w = Wat()
+    w.run(
+        f"(call $rec (call $durable_call {w.s('pay')} {w.s('charge')} {w.input()})) (call $finish)"
+    )
+    env = make_env({"pay": FakeService({"charge": {"ok": 1}})})
+    env.deploy("pay", w.wasm())
+    run = env.start("pay", {"amount": 5})
+    loaded, result = segment_by_hand(env, w.wasm(), "w-update")
+    update_id = env.update(run, "bump", {"by": 1})
+    finalize_segment(loaded.ref, result)
+    assert env.result(run) == [[0, '{"ok":1}']]
+    assert env.describe(run)["events"] == 1
+    with tenant_context(env.tenant.id):
+        update = UpdateRequest.objects.get(id=update_id)
+    assert update.status == "failed"
+    assert update.result == "the run ended (done) before answering"
+    assert update.completed_at is not None
+
+
+def test_a_completion_whose_claim_moved_on_writes_nothing(make_env: Any) -> None:
+    """A segment that completed after its lease was reaped and the run claimed again -- by a
+    worker with the same id, so only the generation tells them apart -- is fenced out at the
+    finalize: the new claim stands, without a result."""
+    from datetime import timedelta
+
+    from django.utils import timezone
+
+    from engine.errors import FenceLost
+    from workflows.store.lifecycle import (
+        claim_ready_instances,
+        finalize_segment,
+        reap_expired_leases,
+    )
+
+    w = Wat()
+    w.run("(call $finish)")
+    env = make_env()
+    env.deploy("quick", w.wasm())
+    run = env.start("quick", {})
+    loaded, result = segment_by_hand(env, w.wasm(), "stalled")
+    later = timezone.now() + timedelta(seconds=1)
+    assert reap_expired_leases(timedelta(seconds=0), later) == 1
+    [again] = claim_ready_instances("stalled", ["default"], 1, later)
+    assert again.generation == loaded.claim.generation + 2
+    with pytest.raises(FenceLost):
+        finalize_segment(loaded.ref, result)
+    info = env.describe(run)
+    assert (info["status"], info["result"], info["events"]) == (Status.RUNNING, None, 0)
+
+
+@pytest.mark.postgres_only
+def test_postgres_runs_a_plain_segment_in_four_statements_with_the_general_paths_outcome(
+    make_env: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Claim, load (one message), the step (one message), the completion (one message); the
+    rows it leaves are those the general path (a transaction per part) leaves."""
+    from django.db import connection
+    from django.test.utils import CaptureQueriesContext
+
+    from workflows.store import lifecycle
+
+    w = Wat()
+    w.run(
+        f"""
+    (drop (call $set_query_state {w.s("stage")} {w.js("paid")}))
+    (call $rec (call $durable_call {w.s("pay")} {w.s("charge")} {w.input()}))
+    (call $finish)"""
+    )
+    env = make_env({"pay": FakeService({"charge": lambda r: {"charged": r}})})
+    env.deploy("pay", w.wasm())
+    fast = env.start("pay", {"amount": 5})
+    with CaptureQueriesContext(connection) as queries:
+        assert env.step()
+    assert len(queries) == 4, [q["sql"][:80] for q in queries]
+
+    monkeypatch.setattr(lifecycle, "_load_in_one_message", lambda *a: (False, None))
+    monkeypatch.setattr(lifecycle, "_complete_in_one_message", lambda *a: False)
+    slow = env.start("pay", {"amount": 5})
+    with CaptureQueriesContext(connection) as queries:
+        assert env.step()
+    assert len(queries) > 4
+
+    columns = [
+        "status",
+        "result",
+        "error",
+        "error_code",
+        "event_count",
+        "query_state",
+        "assigned_to",
+        "waiting_on",
+        "next_wake_at",
+        "attempt",
+        "generation",
+        "cancel_requested",
+    ]
+    with tenant_context(env.tenant.id):
+        rows = {
+            r.id: r for r in WorkflowInstance.objects.filter(id__in=[fast, slow]).order_by("id")
+        }
+    a, b = rows[uuid_of(fast)], rows[uuid_of(slow)]
+    assert {c: getattr(a, c) for c in columns} == {c: getattr(b, c) for c in columns}
+    assert a.status == Status.DONE and a.query_state == {"stage": '"paid"'}
+    for r in (a, b):
+        assert r.completed_at and r.heartbeat_at and r.updated_at >= r.completed_at
+    strip = [(e.step, e.type_code, e.payload) for e in env.stored_history(fast)]
+    assert strip == [(e.step, e.type_code, e.payload) for e in env.stored_history(slow)]
+
+
+def uuid_of(run: str) -> Any:
+    import uuid
+
+    return uuid.UUID(run)
+
+
+@pytest.mark.postgres_only
+def test_postgres_load_in_one_message_reads_what_the_orm_reads(
+    make_env: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The one-message load returns the same instance (every column, JSON fields decoded),
+    definition and history as the ORM's; a claim that moved on loads nothing."""
+    from django.utils import timezone
+
+    from workflows.store import lifecycle
+
+    pay = FakeService({"charge": {"ok": 1}, "receipt": lambda r: {"echo": r}})
+    env = make_env({"pay": pay})
+    env.deploy("order", call_sleep_call().wasm())
+    run = env.start("order", {"amount": 5})
+    env.run_until_idle()  # the call and the sleep are recorded; the run waits
+    with tenant_context(env.tenant.id):
+        WorkflowInstance.objects.filter(id=run).update(
+            allowed_signals=["go", "stop"], query_state={"k": "v"}, next_wake_at=timezone.now()
+        )
+    [claim] = lifecycle.claim_ready_instances("cmp", ["default"], 1, timezone.now())
+    done, quick = lifecycle._load_in_one_message(claim, "cmp")
+    assert done and quick is not None
+    monkeypatch.setattr(lifecycle, "_load_in_one_message", lambda *a: (False, None))
+    orm = lifecycle.load_run(claim, "cmp")
+    assert orm is not None
+    fields = [f.attname for f in WorkflowInstance._meta.concrete_fields]
+    assert {f: getattr(quick.instance, f) for f in fields} == {
+        f: getattr(orm.instance, f) for f in fields
+    }
+    assert quick.instance.allowed_signals == ["go", "stop"]
+    assert quick.instance.waiting_on["kind"] == orm.instance.waiting_on["kind"]
+    assert (quick.definition_id, quick.sha256, quick.max_history_length) == (
+        orm.definition_id,
+        orm.sha256,
+        orm.max_history_length,
+    )
+    assert quick.history == orm.history and len(quick.history) == 1
+    monkeypatch.undo()
+    moved_on = lifecycle.Claim(claim.id, claim.tenant_id, claim.generation + 1)
+    assert lifecycle._load_in_one_message(moved_on, "cmp") == (True, None)

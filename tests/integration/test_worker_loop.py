@@ -10,6 +10,7 @@ test database.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import logging
@@ -270,3 +271,171 @@ def test_require_rls_refuses_the_superuser_and_starts_as_the_app_role(tenant: Te
     assert "event=worker_started" in accepted.stderr
     assert "superuser" not in accepted.stderr
     assert "processed 0 segment(s)" in accepted.stdout
+
+
+# --- waking up (PostgreSQL LISTEN/NOTIFY) ---------------------------------------------------
+# A poll interval of 30 s: a run these tests start is claimed within the bound only if a NOTIFY
+# (or the listener's catch-up after a reconnection) woke the loop.
+
+WAKE_BOUND_S = 10.0
+
+
+def call_op(operation: str) -> bytes:
+    w = Wat()
+    w.run(
+        f"""
+    (call $rec (call $durable_call {w.s("svc")} {w.s(operation)} {w.input()}))
+    (call $finish)"""
+    )
+    return w.wasm()
+
+
+def wait_for(predicate: Any, timeout: float, what: str) -> float:
+    """Seconds until ``predicate()`` held; fails the test after ``timeout``."""
+    began = time.monotonic()
+    while not predicate():
+        if time.monotonic() - began > timeout:
+            raise AssertionError(f"{what} not within {timeout:.0f}s")
+        time.sleep(0.01)
+    return time.monotonic() - began
+
+
+@contextlib.contextmanager
+def listening_worker(**kw: Any) -> Iterator[Worker]:
+    """A long-running worker (poll interval 30 s) in a thread, once its listener is
+    connected and its first passes are over; stopped at the end."""
+    w = Worker(options(burst=False, poll_interval_s=30.0, **kw))
+    thread = threading.Thread(target=w.run, name="listening-worker")
+    thread.start()
+    try:
+        wait_for(
+            lambda: w._listener is not None and w._listener.connected.is_set(),
+            30,
+            "the listener connected",
+        )
+        time.sleep(0.5)  # the catch-up pass after connecting is over: the loop sleeps
+        yield w
+    finally:
+        w.stop()
+        thread.join(timeout=30)
+        assert not thread.is_alive(), "the worker did not stop"
+
+
+def status_of(tenant: Tenant, run_id: str) -> str:
+    return row(tenant, run_id).status
+
+
+@pytest.mark.postgres_only
+def test_a_notify_wakes_an_idle_worker_long_before_its_poll_interval(tenant: Tenant) -> None:
+    set_services(Services.from_settings({"svc": FakeService({"echo": {"ok": True}})}))
+    try:
+        services.deploy_definition(tenant, "fast", call_op("echo"))
+        with listening_worker():
+            run = start(tenant, "fast", {"n": 1})
+            wait_for(lambda: status_of(tenant, run) == Status.DONE, WAKE_BOUND_S, "done")
+    finally:
+        set_services(None)
+
+
+@pytest.mark.postgres_only
+def test_a_run_started_while_a_segment_runs_is_claimed_at_once(tenant: Tenant) -> None:
+    """The loop sleeps on NOTIFY and on its segments at the same time: a start is claimed
+    while another segment is still inside a slow call (it used to wait for that segment or
+    the poll interval)."""
+    entered, go = threading.Event(), threading.Event()
+
+    def slow(request: Any) -> Any:
+        entered.set()
+        assert go.wait(timeout=60), "the test never let the call finish"
+        return {"slow": request}
+
+    set_services(Services.from_settings({"svc": FakeService({"slow": slow, "echo": {"ok": True}})}))
+    try:
+        services.deploy_definition(tenant, "slow", call_op("slow"))
+        services.deploy_definition(tenant, "fast", call_op("echo"))
+        with listening_worker(concurrency=2):
+            blocked = start(tenant, "slow", {"n": 1})
+            assert entered.wait(timeout=WAKE_BOUND_S), "the slow segment never started"
+            time.sleep(0.2)  # the loop is asleep again, with a segment in flight
+            quick = start(tenant, "fast", {"n": 2})
+            try:
+                wait_for(lambda: status_of(tenant, quick) == Status.DONE, WAKE_BOUND_S, "done")
+                assert status_of(tenant, blocked) == Status.RUNNING
+            finally:
+                go.set()
+            wait_for(lambda: status_of(tenant, blocked) == Status.DONE, 30, "the slow run done")
+    finally:
+        go.set()
+        set_services(None)
+
+
+@pytest.mark.postgres_only
+def test_the_listener_reconnects_and_catches_up_with_what_it_missed(
+    tenant: Tenant, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The listener's connection is killed; a run started while nobody listens (its NOTIFY
+    is lost) is claimed right after the listener is back, not at the next poll."""
+    monkeypatch.setattr(worker._PgListener, "BACKOFF_S", (2.0, 30.0))
+    set_services(Services.from_settings({"svc": FakeService({"echo": {"ok": True}})}))
+    try:
+        services.deploy_definition(tenant, "fast", call_op("echo"))
+        with listening_worker() as w:
+            listener = w._listener
+            assert listener is not None
+            first_pid = listener._conn.info.backend_pid
+            with connection.cursor() as cursor:
+                cursor.execute("SELECT pg_terminate_backend(%s)", [first_pid])
+                assert cursor.fetchone()[0] is True
+            wait_for(lambda: not listener.connected.is_set(), 10, "the listener noticed")
+            run = start(tenant, "fast", {"n": 1})  # notified to nobody
+            wait_for(lambda: status_of(tenant, run) == Status.DONE, WAKE_BOUND_S, "done")
+            assert listener.connected.is_set()
+            assert listener._conn.info.backend_pid != first_pid
+    finally:
+        set_services(None)
+
+
+@pytest.mark.postgres_only
+def test_a_segment_whose_idle_connection_died_reads_again_on_a_new_one(
+    tenant: Tenant, echo: FakeService
+) -> None:
+    """The worker skips the health check of a connection that answered a moment ago; when
+    that connection died meanwhile, the segment's load (a read) runs again on a new one."""
+    from workflows.executor import execute_claim
+    from workflows.store.lifecycle import claim_ready_instances
+
+    services.deploy_definition(tenant, "good", call_once())
+    run = start(tenant, "good", {"n": 3})
+    [claim] = claim_ready_instances("w-dead", ["default"], 1, timezone.now())
+    connection.ensure_connection()
+    pid = connection.connection.info.backend_pid
+
+    def kill() -> None:  # from another thread, so on another connection
+        try:
+            with connection.cursor() as cursor:
+                cursor.execute("SELECT pg_terminate_backend(%s, 10000)", [pid])
+        finally:
+            connection.close()
+
+    killer = threading.Thread(target=kill)
+    killer.start()
+    killer.join(timeout=30)
+    connection.health_check_done = True  # as the worker marks a connection that just answered
+    report = execute_claim(claim, "w-dead")
+    assert report.outcome == "completed", report
+    assert connection.connection.info.backend_pid != pid
+    assert result(tenant, run) == [[0, '{"echo":{"n":3}}']]
+
+
+def test_the_worker_moves_what_is_alive_at_its_start_out_of_the_collectors_way(
+    tenant: Tenant, echo: FakeService
+) -> None:
+    """Full garbage collections over Django's and wasmtime's objects paused segments for tens
+    of milliseconds: the first worker of a process freezes them (``gc.freeze``)."""
+    import gc
+
+    services.deploy_definition(tenant, "good", call_once())
+    run = start(tenant, "good", {"n": 1})
+    assert run_burst() == 1
+    assert gc.get_freeze_count() > 0
+    assert result(tenant, run) == [[0, '{"echo":{"n":1}}']]

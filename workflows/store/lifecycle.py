@@ -21,6 +21,7 @@ import uuid
 from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
+from typing import Any
 
 from django.conf import settings
 from django.db import connection, transaction
@@ -29,7 +30,7 @@ from django.db.models.functions import Coalesce
 from django.utils import timezone
 
 from engine.errors import ErrorCode, FenceLost
-from engine.events import EncodedEvent, EventType, decode
+from engine.events import EncodedEvent, EventType, decode, encode
 from engine.session import Completed, ContinuedAsNew, Failed, SegmentResult, Suspended
 from engine.status import Status as AbiStatus
 from engine.storage import RunRef
@@ -44,8 +45,8 @@ from workflows.models import (
     WorkflowInstance,
 )
 from workflows.store import wake
-from workflows.store.storage import append_locked, lock_fenced_instance
-from workflows.tenancy import tenant_context
+from workflows.store.storage import append_locked, client_side_binding, lock_fenced_instance
+from workflows.tenancy import TENANT_SETTING, tenant_context
 
 log = logging.getLogger("cleat.store")
 
@@ -141,6 +142,9 @@ def claim_ready_instances(
 
 def load_run(claim: Claim, worker_id: str) -> LoadedRun | None:
     """Read what the segment needs; None if the claim already moved on."""
+    done, loaded = _load_in_one_message(claim, worker_id)
+    if done:
+        return loaded
     with tenant_context(claim.tenant_id):
         instance = (
             WorkflowInstance.objects.select_related("definition")
@@ -179,6 +183,99 @@ def load_run(claim: Claim, worker_id: str) -> LoadedRun | None:
     )
 
 
+# PostgreSQL: the load in one simple-protocol message (one round trip instead of five: BEGIN,
+# the tenant, the instance, the history, COMMIT). The statements of one message run as one
+# implicit transaction, so the tenant set by the first (transaction-local) scopes the other
+# two under RLS, exactly as tenant_context() does; each statement takes its own snapshot, as
+# the ORM's statements do inside a READ COMMITTED transaction.
+_INSTANCE_FIELDS = tuple(WorkflowInstance._meta.concrete_fields)
+
+
+def _load_sql() -> str:
+    instance = WorkflowInstance._meta.db_table
+    definition = WorkflowDefinition._meta.db_table
+    event = WorkflowEvent._meta.db_table
+    columns = ", ".join(f'i."{f.column}"' for f in _INSTANCE_FIELDS)
+    fence = "id = %s AND tenant_id = %s AND generation = %s AND assigned_to = %s AND status = %s"
+    return (
+        f"SELECT set_config('{TENANT_SETTING}', %s, true);\n"
+        f"SELECT {columns}, d.sha256, d.max_history_length FROM {instance} AS i "
+        f"JOIN {definition} AS d ON d.id = i.definition_id "
+        f"WHERE i.{fence.replace(' AND ', ' AND i.')};\n"
+        f"SELECT step, type_code, timestamp_ms, payload, checksum FROM {event} "
+        f"WHERE instance_id = %s AND EXISTS (SELECT 1 FROM {instance} WHERE {fence}) "
+        "ORDER BY step"
+    )
+
+
+_LOAD_SQL = _load_sql()
+
+
+def _load_in_one_message(claim: Claim, worker_id: str) -> tuple[bool, LoadedRun | None]:
+    """:func:`load_run` in one round trip: (True, its answer) on PostgreSQL outside a
+    transaction with client-side binding; (False, None) where that does not apply."""
+    if (
+        connection.vendor != "postgresql"
+        or connection.in_atomic_block
+        or not connection.get_autocommit()
+    ):
+        return False, None
+    fence = [str(claim.id), str(claim.tenant_id), claim.generation, worker_id, Status.RUNNING]
+    with connection.cursor() as cursor:
+        if not client_side_binding(cursor):
+            return False, None
+        cursor.execute(_LOAD_SQL, [str(claim.tenant_id), *fence, str(claim.id), *fence])
+        cursor.nextset()
+        row = cursor.fetchone()
+        cursor.nextset()
+        events = cursor.fetchall()
+        if row is None:
+            return True, None
+        instance = _instance_from_row(row[: len(_INSTANCE_FIELDS)])
+    sha256, max_history_length = row[len(_INSTANCE_FIELDS) :]
+    history = [
+        EncodedEvent(step, code, ts, payload, checksum)
+        for step, code, ts, payload, checksum in events
+    ]
+    return True, LoadedRun(
+        claim,
+        worker_id,
+        instance,
+        instance.definition_id,
+        sha256,
+        max_history_length,
+        history,
+    )
+
+
+def _instance_from_row(values: Sequence[object]) -> WorkflowInstance:
+    """A model instance from raw column values, converted as the ORM's own queries convert
+    them (JSON fields, the backend's converters)."""
+    row = list(values)
+    for pos, (functions, expression) in _row_converters():
+        value = row[pos]
+        for convert in functions:
+            value = convert(value, expression, connection)
+        row[pos] = value
+    return WorkflowInstance.from_db(connection.alias, _INSTANCE_ATTNAMES, row)
+
+
+_INSTANCE_ATTNAMES = [f.attname for f in _INSTANCE_FIELDS]
+_converters: dict[str, list[tuple[int, tuple[list[Any], Any]]]] = {}
+
+
+def _row_converters() -> list[tuple[int, tuple[list[Any], Any]]]:
+    """The ORM's converters for the instance columns (per database vendor: they are field
+    and backend functions, called with the connection in hand)."""
+    found = _converters.get(connection.vendor)
+    if found is None:
+        compiler = WorkflowInstance.objects.all().query.get_compiler(connection=connection)
+        table = WorkflowInstance._meta.db_table
+        found = list(compiler.get_converters([f.get_col(table) for f in _INSTANCE_FIELDS]).items())
+        _converters[connection.vendor] = found
+    return found
+
+
 def load_wasm(tenant: uuid.UUID, definition_id: int) -> bytes:
     with tenant_context(tenant):
         return bytes(
@@ -196,6 +293,8 @@ def finalize_segment(ref: RunRef, result: SegmentResult, now: datetime | None = 
     """Persist a segment's outcome in one fenced transaction (see the module docstring)."""
     now = now or timezone.now()
     tenant = uuid.UUID(ref.tenant_id)
+    if _complete_in_one_message(tenant, ref, result, now):
+        return Finalized(Status.DONE)
     with tenant_context(tenant):
         # The fenced lock and the read of the row in one statement (FenceLost if it moved
         # on); the row is saved whole below, event_count and heartbeat_at included.
@@ -266,6 +365,121 @@ def finalize_segment(ref: RunRef, result: SegmentResult, now: datetime | None = 
         ):
             wake.notify_after_commit()
     return Finalized(instance.status, str(successor.id) if successor else None)
+
+
+# PostgreSQL: the finalize of a run that completed, in one simple-protocol message (one
+# round trip and one commit instead of seven round trips), in the common case only -- no
+# consumed signal, no answered update, no open child. The statements run as one implicit
+# transaction under the tenant set by the first. The second is the fence and the new row in
+# one statement: it matches only the claimed row (owner, generation, running) whose history
+# ends where the remaining events begin and that has no open child, takes its row lock, and
+# inserts the remaining events only if it matched. The third fails the run's pending updates
+# (as _fail_pending_updates), in a statement of its own so that its snapshot is taken after
+# the row lock: an update queued by send_update (which locks the row) either committed before
+# and is seen, or waits for this commit and then finds the run done. It changes nothing
+# unless the second matched (the run is then `done` at this generation). When the second
+# matches nothing, nothing was written and the general path below tells the cases apart.
+def _finalize_done_sql() -> str:
+    instance = WorkflowInstance._meta.db_table
+    event = WorkflowEvent._meta.db_table
+    updates = UpdateRequest._meta.db_table
+    terminal = ", ".join(f"'{s}'" for s in sorted(TERMINAL_STATUSES))
+    return f"""SELECT set_config('{TENANT_SETTING}', %s, true);
+WITH fence AS (
+    UPDATE {instance} AS i
+       SET status = %s, completed_at = %s, result = %s, error = NULL, error_code = NULL,
+           waiting_on = NULL, next_wake_at = NULL, query_state = %s::jsonb,
+           assigned_to = NULL, heartbeat_at = %s, updated_at = %s,
+           event_count = i.event_count + %s
+     WHERE i.id = %s AND i.tenant_id = %s AND i.assigned_to = %s AND i.generation = %s
+       AND i.status = %s AND i.event_count = COALESCE(%s, i.event_count)
+       AND NOT EXISTS (SELECT 1 FROM {instance} AS c
+                        WHERE c.parent_id = i.id AND c.status NOT IN ({terminal}))
+    RETURNING i.id, i.tenant_id, i.parent_id
+), appended AS (
+    INSERT INTO {event}
+           (tenant_id, instance_id, step, type_code, payload, timestamp_ms, checksum,
+            intent_at, created_at)
+    SELECT fence.tenant_id, fence.id, e.step, e.type_code, e.payload, e.ts, e.checksum,
+           e.intent_at, %s
+      FROM fence,
+           unnest(%s::integer[], %s::smallint[], %s::text[], %s::bigint[], %s::varchar[],
+                  %s::timestamptz[]) AS e(step, type_code, payload, ts, checksum, intent_at)
+    RETURNING 1
+)
+SELECT parent_id FROM fence;
+UPDATE {updates} SET status = %s, result = %s, completed_at = %s
+ WHERE instance_id = %s AND status = %s
+   AND EXISTS (SELECT 1 FROM {instance}
+                WHERE id = %s AND status = %s AND generation = %s AND assigned_to IS NULL)"""
+
+
+_FINALIZE_DONE_SQL = _finalize_done_sql()
+
+
+def _complete_in_one_message(
+    tenant: uuid.UUID, ref: RunRef, result: SegmentResult, now: datetime
+) -> bool:
+    """The finalize of a completed run in one round trip (see above). True when it was
+    done; False when it does not apply or matched nothing (nothing was written then)."""
+    outcome = result.outcome
+    if (
+        not isinstance(outcome, Completed)
+        or result.consumed_signals
+        or result.applied_updates
+        or connection.vendor != "postgresql"
+        or connection.in_atomic_block
+        or not connection.get_autocommit()
+    ):
+        return False
+    events = result.new_events
+    first = events[0].step if events else None
+    if first is not None and any(e.step != first + i for i, e in enumerate(events)):
+        return False
+    stored = [encode(e) for e in events]
+    params = [
+        str(tenant),
+        Status.DONE,
+        now,
+        outcome.result,
+        json.dumps(result.query_state),
+        now,
+        timezone.now(),  # updated_at, as auto_now writes it
+        len(stored),
+        ref.run_id,
+        ref.tenant_id,
+        ref.worker_id,
+        ref.generation,
+        Status.RUNNING,
+        first,
+        now,
+        [s.step for s in stored],
+        [s.type_code for s in stored],
+        [s.payload for s in stored],
+        [s.ts for s in stored],
+        [s.checksum for s in stored],
+        [now if not s.checksum else None for s in stored],
+        UpdateRequest.State.FAILED,
+        f"the run ended ({Status.DONE}) before answering",
+        now,
+        ref.run_id,
+        UpdateRequest.State.PENDING,
+        ref.run_id,
+        Status.DONE,
+        ref.generation,
+    ]
+    with connection.cursor() as cursor:
+        if not client_side_binding(cursor):
+            return False
+        cursor.execute(_FINALIZE_DONE_SQL, params)
+        cursor.nextset()
+        matched = cursor.fetchall()
+    if not matched:
+        return False
+    parent_id = matched[0][0]
+    if parent_id is not None:
+        wake.after_commit(tenant, parent_id)  # committed already: runs at once
+    return True
 
 
 def _close(instance: WorkflowInstance, status: str, now: datetime) -> None:

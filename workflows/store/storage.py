@@ -219,7 +219,7 @@ def fenced_append(
     ]
     if not connection.in_atomic_block and connection.get_autocommit():
         with connection.cursor() as cursor:
-            if _client_side_binding(cursor):
+            if client_side_binding(cursor):
                 cursor.execute(_SET_TENANT_SQL + _FENCED_APPEND_SQL, [str(tenant_id), *params])
                 cursor.nextset()
                 row = cursor.fetchone()
@@ -230,7 +230,7 @@ def fenced_append(
     return bool(row and row[0] == 1)
 
 
-def _client_side_binding(cursor: Any) -> bool:
+def client_side_binding(cursor: Any) -> bool:
     """Whether the psycopg cursor merges parameters itself (and so may send several
     statements in one message)."""
     try:
@@ -696,4 +696,11 @@ def create_schedule_from_workflow(
     return m.schedule_id
 
 
-__all__ = ["DjangoStorage", "append_locked", "fenced_append", "lock_fenced", "lock_fenced_instance"]
+__all__ = [
+    "DjangoStorage",
+    "append_locked",
+    "client_side_binding",
+    "fenced_append",
+    "lock_fenced",
+    "lock_fenced_instance",
+]
