@@ -13,6 +13,7 @@
 
 from __future__ import annotations
 
+import http.client
 import importlib
 import ipaddress
 import json
@@ -306,11 +307,59 @@ class _CheckedRedirects(urllib.request.HTTPRedirectHandler):
         except ValueError as exc:
             fp.close()
             raise _RefusedRedirect(newurl, f"not a valid URL: {exc}") from None
-        refused = self.fetcher.check(target)
+        refused, pin = self.fetcher.vet(target)
         if refused:
             fp.close()  # the redirect's own response is not read
             raise _RefusedRedirect(target, refused)
-        return super().redirect_request(req, fp, code, msg, headers, newurl)
+        follow = super().redirect_request(req, fp, code, msg, headers, newurl)
+        if follow is not None:
+            follow.cleat_pin = pin  # type: ignore[attr-defined]
+        return follow
+
+
+def _pinned(connection_class: Any, req: Any) -> Callable[..., Any]:
+    """A connection factory for ``do_open`` that connects to the address :meth:`Fetcher.vet`
+    checked, not to whatever the host name resolves to a moment later (DNS rebinding: a
+    first answer that passes the private-address check, a second that points inside). TLS
+    still verifies the certificate against the host name. Not pinned when the request goes
+    through a proxy (the connection is then to the proxy, which resolves the host)."""
+    pin: tuple[str, str] | None = getattr(req, "cleat_pin", None)
+
+    def factory(host: str, **kwargs: Any) -> Any:
+        conn = connection_class(host, **kwargs)
+        if pin is not None and conn.host.lower() == pin[0]:
+            address = pin[1]
+
+            def create(target: tuple[str, int], *args: Any, **kw: Any) -> socket.socket:
+                return socket.create_connection((address, target[1]), *args, **kw)
+
+            conn._create_connection = create
+        return conn
+
+    return factory
+
+
+class _PinnedHTTPHandler(urllib.request.HTTPHandler):
+    def http_open(self, req: Any) -> Any:
+        return self.do_open(_pinned(http.client.HTTPConnection, req), req)
+
+
+class _PinnedHTTPSHandler(urllib.request.HTTPSHandler):
+    def https_open(self, req: Any) -> Any:
+        context = getattr(self, "_context", None)  # HTTPSHandler's own TLS context
+        return self.do_open(_pinned(http.client.HTTPSConnection, req), req, context=context)
+
+
+def _forbidden(addr: ipaddress.IPv4Address | ipaddress.IPv6Address) -> bool:
+    """An address a workflow may not reach without ``allow_private``."""
+    return (
+        addr.is_private
+        or addr.is_loopback
+        or addr.is_link_local
+        or addr.is_reserved
+        or addr.is_multicast
+        or addr.is_unspecified
+    )
 
 
 class Fetcher:
@@ -330,37 +379,48 @@ class Fetcher:
         self.rules = tuple(AllowRule.parse(entry) for entry in self.allow)
         self.allow_private = allow_private
         self.timeout_s = timeout_s
-        self._opener = urllib.request.build_opener(_CheckedRedirects(self))
+        self._opener = urllib.request.build_opener(
+            _CheckedRedirects(self), _PinnedHTTPHandler(), _PinnedHTTPSHandler()
+        )
 
     def check(self, url: str) -> str | None:
         """None when ``url`` may be fetched, else the reason it may not."""
+        return self.vet(url)[0]
+
+    def vet(self, url: str) -> tuple[str | None, tuple[str, str] | None]:
+        """(the reason ``url`` may not be fetched, or None; and, when addresses were
+        checked, ``(host, address)``: the checked address the request must connect to)."""
         try:
             parsed = urllib.parse.urlsplit(url)
             parsed.port  # noqa: B018 -- raises ValueError for a bad port
         except ValueError as exc:
-            return f"{url!r} is not a valid URL: {exc}"
+            return f"{url!r} is not a valid URL: {exc}", None
         if parsed.scheme.lower() not in _DEFAULT_PORTS or not parsed.hostname:
-            return f"only absolute http(s) URLs can be fetched, not {url!r}"
+            return f"only absolute http(s) URLs can be fetched, not {url!r}", None
         if parsed.username is not None or parsed.password is not None:
-            return "URLs with credentials are not fetched: send them in a header"
+            return "URLs with credentials are not fetched: send them in a header", None
         if _unsafe_path(parsed.path):
-            return f"{url} has dot segments or encoded slashes in its path"
+            return f"{url} has dot segments or encoded slashes in its path", None
         if not any(rule.allows(parsed) for rule in self.rules):
-            return f"{url} is not on the fetch allow-list"
-        if not self.allow_private:
-            try:
-                port = parsed.port or _DEFAULT_PORTS[parsed.scheme.lower()]
-                infos = socket.getaddrinfo(parsed.hostname, port)
-            except (OSError, ValueError) as exc:
-                return f"cannot resolve {parsed.hostname}: {exc}"
-            for info in infos:
-                addr = ipaddress.ip_address(str(info[4][0]).split("%")[0])
-                if addr.is_private or addr.is_loopback or addr.is_link_local or addr.is_reserved:
-                    return f"{parsed.hostname} resolves to a private address ({addr})"
-        return None
+            return f"{url} is not on the fetch allow-list", None
+        if self.allow_private:
+            return None, None
+        try:
+            port = parsed.port or _DEFAULT_PORTS[parsed.scheme.lower()]
+            infos = socket.getaddrinfo(parsed.hostname, port, type=socket.SOCK_STREAM)
+        except (OSError, ValueError) as exc:
+            return f"cannot resolve {parsed.hostname}: {exc}", None
+        addresses = [str(info[4][0]) for info in infos]
+        for text in addresses:
+            addr = ipaddress.ip_address(text.split("%")[0])
+            if _forbidden(addr):
+                return f"{parsed.hostname} resolves to a private address ({addr})", None
+        if not addresses:
+            return f"cannot resolve {parsed.hostname}: no address", None
+        return None, (parsed.hostname.lower(), addresses[0])
 
     def fetch(self, method: str, url: str, headers: str, body: str) -> CallResult:
-        refused = self.check(url)
+        refused, pin = self.vet(url)
         if refused:
             return CallResult(Status.DENIED, refused)
         try:
@@ -375,6 +435,7 @@ class Fetcher:
             method=method.upper() or "GET",
             headers={str(k): str(v) for k, v in header_map.items()},
         )
+        req.cleat_pin = pin  # type: ignore[attr-defined]
         try:
             with self._opener.open(req, timeout=self.timeout_s) as resp:
                 status, resp_headers, data = resp.status, dict(resp.headers), resp.read()

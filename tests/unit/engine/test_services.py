@@ -465,3 +465,33 @@ def test_a_redirect_within_the_allow_list_is_followed(redirector: str, server: L
     assert result.status == Status.OK
     assert json.loads(json.loads(result.payload)["body"])["path"] == "/landing"
     assert [r.path for r in server.requests] == ["/landing"]
+
+
+def test_the_request_connects_to_the_address_that_was_checked(
+    server: LocalServer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """DNS rebinding: the name resolves to an acceptable address when checked and to
+    another one a moment later. The request must go to the checked one. (Loopback stands in
+    for the acceptable public address: the private-address test is patched to allow it.)"""
+    import engine.services as services_module
+
+    port = int(server.base.rsplit(":", 1)[1])
+    answers = iter(["127.0.0.1"])
+    real = socket.getaddrinfo
+
+    def rebinding(host: str, *args: Any, **kwargs: Any) -> Any:
+        if host != "rebind.test":
+            return real(host, *args, **kwargs)
+        # First answer: the checked address; any later one: an unroutable address.
+        address = next(answers, "10.255.255.1")
+        return [(socket.AF_INET, socket.SOCK_STREAM, 6, "", (address, port))]
+
+    monkeypatch.setattr(socket, "getaddrinfo", rebinding)
+    monkeypatch.setattr(services_module, "_forbidden", lambda addr: str(addr) == "10.255.255.1")
+    server.requests.clear()
+    fetcher = Fetcher(allow=(f"http://rebind.test:{port}/",), timeout_s=3)
+    result = fetcher.fetch("GET", f"http://rebind.test:{port}/pinned", "", "")
+    assert result.status == Status.OK, result.payload
+    assert json.loads(json.loads(result.payload)["body"])["path"] == "/pinned"
+    [received] = server.requests
+    assert received.headers["Host"] == f"rebind.test:{port}"  # the name, not the address
