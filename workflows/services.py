@@ -429,9 +429,8 @@ def pause_workflow(
             )
         instance.paused_from, instance.status = instance.status, Status.PAUSED
         instance.save(update_fields=["status", "paused_from", "updated_at"])
-        AuditLog.objects.create(
-            tenant=tenant, instance=instance, action="pause", operator=operator, reason=reason
-        )
+        # Ready, so no worker holds it: the history can take an annotation (replay skips it).
+        _audit(tenant, instance, "pause", operator, reason)
     return instance
 
 
@@ -445,9 +444,7 @@ def resume_workflow(
         instance.status, instance.paused_from = Status.READY, None
         instance.next_wake_at = timezone.now()
         instance.save(update_fields=["status", "paused_from", "next_wake_at", "updated_at"])
-        AuditLog.objects.create(
-            tenant=tenant, instance=instance, action="resume", operator=operator, reason=reason
-        )
+        _audit(tenant, instance, "resume", operator, reason)
         wake.notify_after_commit()
     return instance
 

@@ -827,3 +827,20 @@ def test_a_module_over_the_databases_statement_limit_is_refused_with_advice(tena
         assert "max_allowed_packet" in err.value.message
     else:
         assert _check_packet_size(huge) is None
+
+
+def test_pause_and_resume_are_annotated_in_the_history_and_replay_steps_over_them(
+    tenant: Tenant, env: DatabaseWorkflowEnvironment, runs: dict[str, str]
+) -> None:
+    run = runs["waiting"]
+    before = row(tenant, run).event_count
+    svc.pause_workflow(tenant, run, "ada", "maintenance window")
+    svc.resume_workflow(tenant, run, "ada", "window over")
+    events = admin_events(tenant, env, run)
+    assert [(e.step, e.action, e.reason) for e in events] == [
+        (before, "pause", "maintenance window"),
+        (before + 1, "resume", "window over"),
+    ]
+    svc.signal_workflow(tenant, run, "stop", {"ok": True})
+    env.run_until_idle()
+    assert env.status(run) == Status.DONE  # replay stepped over both annotations
