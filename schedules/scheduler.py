@@ -72,9 +72,14 @@ def misfire_grace() -> timedelta:
     return timedelta(seconds=float(getattr(settings, "CLEAT_SCHEDULE_MISFIRE_GRACE_SECONDS", 60)))
 
 
+def firing_key_prefix(schedule_id: uuid.UUID) -> str:
+    """What the start idempotency keys of every instant of one schedule begin with."""
+    return f"schedule:{schedule_id}:"
+
+
 def firing_key(schedule_id: uuid.UUID, instant: datetime) -> str:
     """The start idempotency key of one instant of one schedule."""
-    return f"schedule:{schedule_id}:{instant.astimezone(UTC).isoformat()}"
+    return firing_key_prefix(schedule_id) + instant.astimezone(UTC).isoformat()
 
 
 class Unusable(Exception):

@@ -430,3 +430,20 @@ def test_a_schedule_whose_workflow_is_gone_can_still_be_changed_and_paused(
     assert again.status_code == 400 and error_of(again)["code"] == "unknown_definition"
     moved = api.patch(f"{URL}/nightly", {"workflow_name": "waiter"})
     assert moved.status_code == 200 and moved.json()["workflow_name"] == "waiter"
+
+
+def test_the_runs_a_schedule_started_are_listed_newest_first(api: Api, tenant: Tenant) -> None:
+    create(api, name="hourly", cron="0 * * * *")
+    create(api, name="other", cron="0 * * * *")
+    hour = timezone.now().replace(minute=0, second=0, microsecond=0)
+    body = {"start": (hour - timedelta(hours=2)).isoformat(), "end": hour.isoformat()}
+    made = api.post(f"{URL}/hourly/backfill", body).json()["deliveries"]
+    api.post(f"{URL}/other/trigger")
+    renamed = api.patch(f"{URL}/hourly", {"name": "renamed"}).json()
+    listed = api.get(f"{URL}/{renamed['id']}/runs").json()["results"]
+    assert [r["id"] for r in listed] == [d["run_id"] for d in reversed(made)]
+    assert {r["definition"] for r in listed} == {"quick"}
+    page = api.get(f"{URL}/renamed/runs", {"limit": 1}).json()
+    assert len(page["results"]) == 1 and page["next"]
+    assert len(api.get(f"{URL}/other/runs").json()["results"]) == 1
+    assert api.get(f"{URL}/missing/runs").status_code == 404

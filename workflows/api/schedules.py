@@ -23,10 +23,11 @@ from rest_framework.response import Response
 from engine.redaction import REDACTED
 from schedules import services as schedule_services
 from schedules.models import MisfirePolicy, OverlapPolicy, Schedule
-from schedules.scheduler import Delivery
+from schedules.scheduler import Delivery, firing_key_prefix
 from workflows import services
+from workflows.api import serializers as s
 from workflows.api.errors import InvalidRequest
-from workflows.api.pagination import StrictCursorPagination
+from workflows.api.pagination import RunPagination, StrictCursorPagination
 from workflows.api.serializers import (
     INT32_MAX,
     MAX_REASON,
@@ -37,7 +38,7 @@ from workflows.api.serializers import (
     json_text,
 )
 from workflows.api.views import NAME_REGEX, TenantViewSet, _errors
-from workflows.models import Role
+from workflows.models import Role, WorkflowInstance
 
 EARLIEST, LATEST = schedule_services.EARLIEST, schedule_services.LATEST
 MAX_NOTES = 10_000
@@ -491,6 +492,28 @@ class ScheduleViewSet(TenantViewSet):
             )
         )
         return Response(_deliveries(self._one(schedule), made))
+
+    @extend_schema(
+        summary="Runs the schedule started, newest first",
+        description=(
+            "Every run one of its instants started (by the scheduler, trigger or backfill), "
+            "found by the instant's start key, so a renamed schedule keeps its runs. Runs "
+            "they continued as are not included."
+        ),
+        responses=s.RunSerializer(many=True),
+    )
+    @action(detail=True, methods=["get"], pagination_class=RunPagination)
+    def runs(self, request: Request, schedule: str) -> Response:
+        found = self._one(schedule)
+        started = (
+            WorkflowInstance.objects.filter(
+                tenant_id=self.tenant.id,
+                start_idempotency_key__startswith=firing_key_prefix(found.id),
+            )
+            .select_related("continued_as")
+            .defer("compaction_state", "continued_as__compaction_state")
+        )
+        return self.paginated(started, s.RunSerializer)
 
     @extend_schema(
         summary="The schedule's next fire times",
