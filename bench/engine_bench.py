@@ -163,6 +163,20 @@ def median_timing(timings: Sequence[Timing]) -> Timing:
     )
 
 
+def per_step(segment: Callable[[int], Timing], steps: int, rounds: int) -> Timing:
+    """Mean µs per step on both clocks: (median of N-step segments - median of 0-step
+    segments) / N, each segment after a full garbage collection (outside the timing)."""
+    empty: list[Timing] = []
+    full: list[Timing] = []
+    for _ in range(rounds):
+        gc.collect()
+        empty.append(segment(0))
+        gc.collect()
+        full.append(segment(steps))
+    e, f = median_timing(empty), median_timing(full)
+    return Timing((f.wall - e.wall) / steps * 1e6, (f.cpu - e.cpu) / steps * 1e6)
+
+
 class Bench:
     def __init__(self, runtime: WasmRuntime, wasm: bytes) -> None:
         self.runtime = runtime
@@ -209,15 +223,7 @@ class Bench:
         """Mean µs per step from whole segments: (median of N-step runs - median of 0-step
         runs) / N. Covers everything a step costs, including what happens outside the
         service-to-service window (none, if the two methods agree)."""
-        empty: list[Timing] = []
-        full: list[Timing] = []
-        for _ in range(rounds):
-            gc.collect()
-            empty.append(timed(lambda: self.run_fresh(0))[0])
-            gc.collect()
-            full.append(timed(lambda: self.run_fresh(steps))[0])
-        e, f = median_timing(empty), median_timing(full)
-        return Timing((f.wall - e.wall) / steps * 1e6, (f.cpu - e.cpu) / steps * 1e6)
+        return per_step(lambda n: timed(lambda: self.run_fresh(n))[0], steps, rounds)
 
     def boundary(self, steps: int, rounds: int) -> Timing:
         """Mean µs per durable_call against :class:`StubSession` (N calls minus 0 calls)."""
@@ -236,14 +242,7 @@ class Bench:
             return timing
 
         segment(200)
-        empty: list[Timing] = []
-        full: list[Timing] = []
-        for _ in range(rounds):
-            gc.collect()
-            empty.append(segment(0))
-            full.append(segment(steps))
-        e, f = median_timing(empty), median_timing(full)
-        return Timing((f.wall - e.wall) / steps * 1e6, (f.cpu - e.cpu) / steps * 1e6)
+        return per_step(segment, steps, rounds)
 
     # --- replay -------------------------------------------------------------------------
 

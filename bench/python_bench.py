@@ -39,6 +39,7 @@ from bench.engine_bench import (
     StubSession,
     Timing,
     median_timing,
+    per_step,
     percentile,
     timed,
 )
@@ -190,14 +191,7 @@ def component_boundary(
         return timing
 
     segment(50)
-    empty: list[Timing] = []
-    full: list[Timing] = []
-    for _ in range(rounds):
-        gc.collect()
-        empty.append(segment(0))
-        full.append(segment(steps))
-    e, f = median_timing(empty), median_timing(full)
-    return Timing((f.wall - e.wall) / steps * 1e6, (f.cpu - e.cpu) / steps * 1e6)
+    return per_step(segment, steps, rounds)
 
 
 def workload(bench: Bench, runs: int, steps: int = 10) -> tuple[Timing, list[float]]:
