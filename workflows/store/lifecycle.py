@@ -45,8 +45,16 @@ from workflows.models import (
     WorkflowInstance,
 )
 from workflows.store import wake
-from workflows.store.storage import append_locked, client_side_binding, lock_fenced_instance
-from workflows.tenancy import TENANT_SETTING, tenant_context
+from workflows.store.storage import (
+    APPEND_FROM_FENCE_SQL,
+    SET_TENANT_SQL,
+    append_locked,
+    append_params,
+    client_side_binding,
+    contiguous,
+    lock_fenced_instance,
+)
+from workflows.tenancy import tenant_context
 
 log = logging.getLogger("cleat.store")
 
@@ -198,7 +206,7 @@ def _load_sql() -> str:
     columns = ", ".join(f'i."{f.column}"' for f in _INSTANCE_FIELDS)
     fence = "id = %s AND tenant_id = %s AND generation = %s AND assigned_to = %s AND status = %s"
     return (
-        f"SELECT set_config('{TENANT_SETTING}', %s, true);\n"
+        f"{SET_TENANT_SQL}\n"
         f"SELECT {columns}, d.sha256, d.max_history_length FROM {instance} AS i "
         f"JOIN {definition} AS d ON d.id = i.definition_id "
         f"WHERE i.{fence.replace(' AND ', ' AND i.')};\n"
@@ -381,10 +389,9 @@ def finalize_segment(ref: RunRef, result: SegmentResult, now: datetime | None = 
 # matches nothing, nothing was written and the general path below tells the cases apart.
 def _finalize_done_sql() -> str:
     instance = WorkflowInstance._meta.db_table
-    event = WorkflowEvent._meta.db_table
     updates = UpdateRequest._meta.db_table
     terminal = ", ".join(f"'{s}'" for s in sorted(TERMINAL_STATUSES))
-    return f"""SELECT set_config('{TENANT_SETTING}', %s, true);
+    return f"""{SET_TENANT_SQL}
 WITH fence AS (
     UPDATE {instance} AS i
        SET status = %s, completed_at = %s, result = %s, error = NULL, error_code = NULL,
@@ -396,17 +403,7 @@ WITH fence AS (
        AND NOT EXISTS (SELECT 1 FROM {instance} AS c
                         WHERE c.parent_id = i.id AND c.status NOT IN ({terminal}))
     RETURNING i.id, i.tenant_id, i.parent_id
-), appended AS (
-    INSERT INTO {event}
-           (tenant_id, instance_id, step, type_code, payload, timestamp_ms, checksum,
-            intent_at, created_at)
-    SELECT fence.tenant_id, fence.id, e.step, e.type_code, e.payload, e.ts, e.checksum,
-           e.intent_at, %s
-      FROM fence,
-           unnest(%s::integer[], %s::smallint[], %s::text[], %s::bigint[], %s::varchar[],
-                  %s::timestamptz[]) AS e(step, type_code, payload, ts, checksum, intent_at)
-    RETURNING 1
-)
+), {APPEND_FROM_FENCE_SQL}
 SELECT parent_id FROM fence;
 UPDATE {updates} SET status = %s, result = %s, completed_at = %s
  WHERE instance_id = %s AND status = %s
@@ -433,9 +430,9 @@ def _complete_in_one_message(
     ):
         return False
     events = result.new_events
-    first = events[0].step if events else None
-    if first is not None and any(e.step != first + i for i, e in enumerate(events)):
+    if not contiguous(events):
         return False
+    first = events[0].step if events else None
     stored = [encode(e) for e in events]
     params = [
         str(tenant),
@@ -452,13 +449,7 @@ def _complete_in_one_message(
         ref.generation,
         Status.RUNNING,
         first,
-        now,
-        [s.step for s in stored],
-        [s.type_code for s in stored],
-        [s.payload for s in stored],
-        [s.ts for s in stored],
-        [s.checksum for s in stored],
-        [now if not s.checksum else None for s in stored],
+        *append_params(stored, now),
         UpdateRequest.State.FAILED,
         f"the run ended ({Status.DONE}) before answering",
         now,

@@ -22,7 +22,7 @@ from django.utils import timezone
 
 from engine.cron import cron_error, timezone_error
 from engine.errors import FenceLost, Refused, StorageError
-from engine.events import Event, encode
+from engine.events import EncodedEvent, Event, encode
 from engine.status import Status
 from engine.storage import (
     AcquireLock,
@@ -158,14 +158,11 @@ def append_locked(
 # matches only the claimed row (owner, generation, running) whose history ends right before
 # the first new step, and takes its row lock; the INSERT selects from its RETURNING, so it
 # inserts nothing unless the fence matched. RLS applies to both (the tenant is set first).
-_FENCED_APPEND_SQL = f"""
-WITH fence AS (
-    UPDATE {WorkflowInstance._meta.db_table}
-       SET event_count = %s, heartbeat_at = %s
-     WHERE id = %s AND tenant_id = %s AND assigned_to = %s AND generation = %s
-       AND status = %s AND event_count = %s
-    RETURNING id, tenant_id
-), appended AS (
+#
+# The INSERT part is shared with the one-message finalize (``store.lifecycle``): a CTE named
+# ``appended`` inserting the events from a CTE ``fence`` (RETURNING ``id, tenant_id``), with
+# the parameters of :func:`append_params`.
+APPEND_FROM_FENCE_SQL = f"""appended AS (
     INSERT INTO {WorkflowEvent._meta.db_table}
            (tenant_id, instance_id, step, type_code, payload, timestamp_ms, checksum,
             intent_at, created_at)
@@ -175,14 +172,41 @@ WITH fence AS (
            unnest(%s::integer[], %s::smallint[], %s::text[], %s::bigint[], %s::varchar[],
                   %s::timestamptz[]) AS e(step, type_code, payload, ts, checksum, intent_at)
     RETURNING 1
-)
+)"""
+_FENCED_APPEND_SQL = f"""
+WITH fence AS (
+    UPDATE {WorkflowInstance._meta.db_table}
+       SET event_count = %s, heartbeat_at = %s
+     WHERE id = %s AND tenant_id = %s AND assigned_to = %s AND generation = %s
+       AND status = %s AND event_count = %s
+    RETURNING id, tenant_id
+), {APPEND_FROM_FENCE_SQL}
 SELECT count(*) FROM fence
 """
 # Outside a transaction, with client-side binding (Django's default for psycopg 3), the
 # tenant and the statement go in one simple-protocol message: PostgreSQL runs the statements
 # of one message as one implicit transaction (set_config(..., true) is local to it; an error
 # rolls all of it back), so a step costs one round trip and one commit.
-_SET_TENANT_SQL = f"SELECT set_config('{TENANT_SETTING}', %s, true);"
+SET_TENANT_SQL = f"SELECT set_config('{TENANT_SETTING}', %s, true);"
+
+
+def contiguous(events: Sequence[Event]) -> bool:
+    """The events' steps follow one another (what the one-statement appends require)."""
+    first = events[0].step if events else 0
+    return all(event.step == first + i for i, event in enumerate(events))
+
+
+def append_params(stored: Sequence[EncodedEvent], now: datetime) -> list[Any]:
+    """The parameters of :data:`APPEND_FROM_FENCE_SQL`: ``created_at`` and the event arrays."""
+    return [
+        now,
+        [s.step for s in stored],
+        [s.type_code for s in stored],
+        [s.payload for s in stored],
+        [s.ts for s in stored],
+        [s.checksum for s in stored],
+        [now if not s.checksum else None for s in stored],
+    ]
 
 
 def fenced_append(
@@ -196,9 +220,9 @@ def fenced_append(
     :func:`append_locked`), which tells those cases apart."""
     if connection.vendor != "postgresql" or not events:
         return False
-    first = events[0].step
-    if any(event.step != first + i for i, event in enumerate(events)):
+    if not contiguous(events):
         return False
+    first = events[0].step
     stored = [encode(event) for event in events]
     params = [
         first + len(stored),
@@ -209,18 +233,12 @@ def fenced_append(
         ref.generation,
         RunStatus.RUNNING,
         first,
-        now,
-        [s.step for s in stored],
-        [s.type_code for s in stored],
-        [s.payload for s in stored],
-        [s.ts for s in stored],
-        [s.checksum for s in stored],
-        [now if not s.checksum else None for s in stored],
+        *append_params(stored, now),
     ]
     if not connection.in_atomic_block and connection.get_autocommit():
         with connection.cursor() as cursor:
             if client_side_binding(cursor):
-                cursor.execute(_SET_TENANT_SQL + _FENCED_APPEND_SQL, [str(tenant_id), *params])
+                cursor.execute(SET_TENANT_SQL + _FENCED_APPEND_SQL, [str(tenant_id), *params])
                 cursor.nextset()
                 row = cursor.fetchone()
                 return bool(row and row[0] == 1)
