@@ -313,12 +313,31 @@ class Latency:
         return data[lo] + (data[hi] - data[lo]) * (k - lo)
 
 
+def await_done(cleat: Cleat, run_id: Any, what: str) -> tuple[Any, Any]:
+    """Poll a run's row every 2 ms until it is done: its (created_at, completed_at)."""
+    from workflows.models import Status, WorkflowInstance
+    from workflows.tenancy import tenant_context
+
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        with tenant_context(cleat.tenant.id):
+            row = (
+                WorkflowInstance.objects.filter(id=run_id)
+                .values_list("status", "created_at", "completed_at")
+                .get()
+            )
+        if row[0] == Status.DONE:
+            return row[1], row[2]
+        if row[0] not in (Status.READY, Status.RUNNING):
+            raise RuntimeError(f"{what} run ended {row[0]}")
+        time.sleep(0.002)
+    raise RuntimeError(f"{what} run not done after 30 s")
+
+
 def cleat_latency(cleat: Cleat, runs: int, concurrency: int) -> Latency:
     from django.db import connections
 
-    from workflows.models import Status, WorkflowInstance
     from workflows.services import start_workflow
-    from workflows.tenancy import tenant_context
 
     cleat.reset()
     worker = cleat.runworker("--concurrency", str(concurrency), log="cleat-latency.log")
@@ -326,21 +345,9 @@ def cleat_latency(cleat: Cleat, runs: int, concurrency: int) -> Latency:
     def one() -> tuple[float, float]:
         began = time.perf_counter()
         instance, _ = start_workflow(cleat.tenant, "bench_steps", 1)
-        deadline = time.monotonic() + 30
-        while time.monotonic() < deadline:
-            with tenant_context(cleat.tenant.id):
-                row = (
-                    WorkflowInstance.objects.filter(id=instance.id)
-                    .values_list("status", "created_at", "completed_at")
-                    .get()
-                )
-            if row[0] == Status.DONE:
-                seen = (time.perf_counter() - began) * 1000
-                return (row[2] - row[1]).total_seconds() * 1000, seen
-            if row[0] not in (Status.READY, Status.RUNNING):
-                raise RuntimeError(f"latency run ended {row[0]}")
-            time.sleep(0.002)
-        raise RuntimeError("latency run not done after 30 s")
+        created, completed = await_done(cleat, instance.id, "latency")
+        seen = (time.perf_counter() - began) * 1000
+        return (completed - created).total_seconds() * 1000, seen
 
     try:
         for _ in range(5):  # warm-up: the worker's start-up, module compile, connections
@@ -478,10 +485,8 @@ def trace_worker(out_path: str, concurrency: int) -> None:
 def cleat_breakdown(cleat: Cleat, runs: int, concurrency: int) -> None:
     from django.db import connections
 
-    from workflows.models import Status, WorkflowInstance
     from workflows.services import start_workflow
     from workflows.store import wake
-    from workflows.tenancy import tenant_context
 
     cleat.reset()
     trace = cleat.logdir / "breakdown.jsonl"
@@ -506,24 +511,14 @@ def cleat_breakdown(cleat: Cleat, runs: int, concurrency: int) -> None:
 
     def one() -> dict[str, Any]:
         instance, _ = start_workflow(cleat.tenant, "bench_steps", 1)
-        deadline = time.monotonic() + 30
-        while time.monotonic() < deadline:
-            with tenant_context(cleat.tenant.id):
-                row = (
-                    WorkflowInstance.objects.filter(id=instance.id)
-                    .values_list("status", "created_at", "completed_at")
-                    .get()
-                )
-            if row[0] == Status.DONE:
-                return {
-                    "run": str(instance.id),
-                    "created": row[1].timestamp(),
-                    "committed": committed[-1],
-                    "completed": row[2].timestamp(),
-                    "seen": time.time(),
-                }
-            time.sleep(0.002)
-        raise RuntimeError("breakdown run not done after 30 s")
+        created, completed = await_done(cleat, instance.id, "breakdown")
+        return {
+            "run": str(instance.id),
+            "created": created.timestamp(),
+            "committed": committed[-1],
+            "completed": completed.timestamp(),
+            "seen": time.time(),
+        }
 
     try:
         for _ in range(5):
