@@ -10,8 +10,7 @@ writes a packed buffer back through the guest's ``cleat_alloc``.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
-from typing import Any, NamedTuple
+from typing import NamedTuple
 
 ABI_VERSION = 1
 SUPPORTED_ABI_VERSIONS = frozenset({1})
@@ -96,10 +95,6 @@ EXPORT_ABI_VERSION = "cleat_abi_version"
 DEFAULT_ENTRY_POINT = "run"
 
 
-# ``decode(read, raw)``: the raw wasm arguments of one call -> the session method's arguments.
-ArgDecoder = Callable[[Callable[[int, int], str], Sequence[int]], tuple[Any, ...]]
-
-
 def wasm_param_types(params: str) -> list[str]:
     """The wasm value types of a signature: ``"sI"`` -> ``["i32", "i32", "i64"]``."""
     out: list[str] = []
@@ -124,34 +119,3 @@ def pack(ptr: int, length: int) -> int:
 def unpack(value: int) -> tuple[int, int]:
     value &= 0xFFFFFFFFFFFFFFFF
     return value >> 32, value & 0xFFFFFFFF
-
-
-def arg_decoder(params: str) -> ArgDecoder:
-    """Build ``decode(read, raw)`` turning the raw wasm arguments of a signature into the
-    Python arguments of the session method, reading each string with ``read(ptr, len)``.
-
-    The reference decoder: the core runtime generates its own fused reader per signature
-    (``engine.runtime._arg_reader``, which also reads guest memory inline), and the tests
-    check that it agrees with this one on every signature.
-
-    Every host call goes through one of these, so each signature gets its own function with
-    the positions written out (``"sI"`` -> ``(read(raw[0], raw[1]), raw[2])``) instead of a
-    loop over the signature. Strings are read left to right, so the first bad one is the one
-    reported.
-    """
-    exprs: list[str] = []
-    index = 0
-    for ch in params:
-        if ch == "s":
-            exprs.append(f"read(raw[{index}], raw[{index + 1}])")
-            index += 2
-        elif ch in ("I", "i"):
-            exprs.append(f"raw[{index}]")
-            index += 1
-        else:
-            raise ValueError(f"unknown parameter code {ch!r}")
-    body = ", ".join(exprs) + ("," if len(exprs) == 1 else "")
-    namespace: dict[str, Any] = {}
-    exec(f"def decode(read, raw):\n    return ({body})\n", namespace)
-    decode: ArgDecoder = namespace["decode"]
-    return decode

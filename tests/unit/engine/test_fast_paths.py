@@ -16,7 +16,7 @@ from typing import Any
 
 import pytest
 
-from engine.abi import IMPORTS, arg_decoder
+from engine.abi import IMPORTS
 from engine.determinism import IdempotencyKeys, b32_lower, idempotency_key
 from engine.errors import GuestFault
 from engine.events import (
@@ -428,8 +428,9 @@ class FakeMemory:
 
 
 def reference_args(name: str, params: str, memory: FakeMemory, raw: tuple[int, ...]) -> Any:
-    """The reader it replaces: ``arg_decoder`` with a ``read`` that checks each string with
-    ``_guest_bytes`` and decodes it as strict UTF-8."""
+    """What the generated reader must do, written as a plain loop over the signature: each
+    string read left to right with ``_guest_bytes`` and decoded as strict UTF-8, integers
+    passed through."""
     view, size = memory._memory_view()
 
     def read(ptr: int, length: int) -> str:
@@ -439,7 +440,16 @@ def reference_args(name: str, params: str, memory: FakeMemory, raw: tuple[int, .
         except UnicodeDecodeError as exc:
             raise _not_utf8(name, ptr, exc) from None
 
-    return arg_decoder(params)(read, raw)
+    values: list[Any] = []
+    index = 0
+    for code in params:
+        if code == "s":
+            values.append(read(raw[index], raw[index + 1]))
+            index += 2
+        else:
+            values.append(raw[index])
+            index += 1
+    return tuple(values)
 
 
 @pytest.mark.parametrize("imp", [i for i in IMPORTS if "s" in i.params], ids=lambda i: i.name)
