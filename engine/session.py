@@ -108,6 +108,7 @@ from engine.events import (
 )
 from engine.services import CallContext, CallResult, Services
 from engine.status import Status, status_from_byte
+from engine.storable import json_text_fault, text_fault, value_fault
 from engine.storage import (
     AcquireLock,
     ChildOutcome,
@@ -310,6 +311,14 @@ class GuestBackend(Protocol):
 
 
 E = TypeVar("E", bound=Event)
+
+
+def _storable(function: str, what: str, text: str) -> None:
+    """Refuse guest text the host stores and later reads back as JSON when no database could
+    store it or no page render it (``engine.storable``): the guest's fault."""
+    fault = json_text_fault(text)
+    if fault is not None:
+        raise GuestFault(function, f"{what} {fault}")
 
 
 def _json_value(text: str) -> Any:
@@ -592,6 +601,8 @@ class ExecutionSession:
                 reply = self.backend.call_export(event.name, event.payload)
             finally:
                 self._update_depth -= 1
+            if reply.status == Status.OK:
+                _storable(event.name, "the update's answer", reply.payload)
         self._applied_updates.append(AppliedUpdate(event.update_id, reply.status, reply.payload))
 
     # --- the end of the entry point ---
@@ -625,6 +636,9 @@ class ExecutionSession:
             )
             return failed(ErrorCode.NONDETERMINISM, str(ended))
         if reply.status == Status.OK:
+            fault = json_text_fault(reply.payload)
+            if fault is not None:
+                return failed(ErrorCode.GUEST_FAULT, f"the entry point's result {fault}")
             return Completed(reply.payload)
         if status is None:
             return failed(ErrorCode.ERROR, f"unknown status {reply.status}: {reply.payload}")
@@ -1051,6 +1065,8 @@ class ExecutionSession:
             value = json.loads(text)
         except json.JSONDecodeError as exc:
             return Reply(Status.PERMANENT, f"invalid JSON: {exc}")
+        if (fault := value_fault(value)) is not None:
+            return Reply(Status.PERMANENT, f"invalid JSON: the text {fault}")
         return Reply(
             Status.OK, json.dumps(value, separators=(",", ":"), sort_keys=True, ensure_ascii=False)
         )
@@ -1060,6 +1076,8 @@ class ExecutionSession:
             value = json.loads(text)
         except json.JSONDecodeError as exc:
             return Reply(Status.PERMANENT, f"invalid JSON: {exc}")
+        if (fault := value_fault(value)) is not None:
+            return Reply(Status.PERMANENT, f"invalid JSON: the text {fault}")
         return Reply(Status.OK, json.dumps(value, separators=(",", ":"), ensure_ascii=False))
 
     # --- timers ---
@@ -1207,6 +1225,7 @@ class ExecutionSession:
     def _send_signal(
         self, target_id: str, name: str, payload: str, correlation_id: str
     ) -> SignalSentEvent:
+        _storable("signal_workflow", "the payload", payload)
         event = self._match(SignalSentEvent, (target_id, name, payload))
         if event is not None:
             return event
@@ -1335,6 +1354,7 @@ class ExecutionSession:
         return Reply(event.status, event.error)
 
     def resolve_promise(self, promise_id: str, value: str) -> Reply:
+        _storable("resolve_promise", "the value", value)
         event = self._match(PromiseResolvedEvent, (promise_id, value))
         if event is None:
             step, ts = self.step, self._stamp()
@@ -1377,6 +1397,10 @@ class ExecutionSession:
         return 0
 
     def set_query_state(self, key: str, value: str) -> int:
+        fault = text_fault(key)
+        if fault is not None:
+            raise GuestFault("set_query_state", f"the key {fault}")
+        _storable("set_query_state", "the value", value)
         self.query_state[key] = value
         return 0
 
@@ -1409,6 +1433,7 @@ class ExecutionSession:
                 f"parent_close_policy must be one of {', '.join(PARENT_CLOSE_POLICIES)}, "
                 f"not {policy!r}",
             )
+        _storable("child_workflow", "the input", input)
         version = max(0, int(version))
         event = self._match(ChildWorkflowEvent, (name, input, version, policy))
         if event is None:
@@ -1553,6 +1578,7 @@ class ExecutionSession:
         return self.continue_as_new_with_version(new_input, 0)
 
     def continue_as_new_with_version(self, new_input: str, version: int) -> int:
+        _storable("continue_as_new", "the new input", new_input)
         version = max(0, int(version))
         if self._match(ContinueAsNewEvent, (new_input, version)) is None:
             self._record(
@@ -1563,6 +1589,7 @@ class ExecutionSession:
         raise ContinueAsNew(new_input, version)
 
     def run_detached(self, name: str, input: str) -> Reply:
+        _storable("run_detached", "the input", input)
         event = self._match(RunDetachedEvent, (name, input))
         if event is None:
             step, ts = self.step, self._stamp()
@@ -1711,6 +1738,7 @@ class ExecutionSession:
     # --- schedules ---
 
     def schedule_cron(self, workflow_name: str, cron: str, timezone: str, input: str) -> Reply:
+        _storable("schedule_cron", "the input", input)
         event = self._match(ScheduleCronEvent, (workflow_name, cron, timezone, input))
         if event is None:
             step, ts = self.step, self._stamp()

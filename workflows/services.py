@@ -20,6 +20,7 @@ from django.utils import timezone
 
 from engine.errors import ErrorCode, InvalidModule
 from engine.events import AdminActionEvent, encode
+from engine.storable import json_text_fault
 from workflows.models import (
     TERMINAL_STATUSES,
     AuditLog,
@@ -93,7 +94,8 @@ def get_tenant(name_or_id: str | uuid.UUID | Tenant) -> Tenant:
 
 
 def json_text(value: Any, field: str) -> str:
-    """A JSON document as text: strings must parse, other values are serialised."""
+    """A JSON document as text: strings must parse, other values are serialised. Either way
+    the document must be storable (``engine.storable``: no lone surrogate)."""
     if value is None:
         return "null"
     if isinstance(value, bytes | bytearray):
@@ -106,12 +108,19 @@ def json_text(value: Any, field: str) -> str:
                 f"{field} is not valid JSON: {exc.msg} (line {exc.lineno} column {exc.colno})",
                 field,
             ) from None
+        except RecursionError:
+            raise InvalidInput(f"{field} is nested too deeply to be read", field) from None
         text = value
     else:
         try:
             text = json.dumps(value, separators=(",", ":"))
         except (TypeError, ValueError) as exc:
             raise InvalidInput(f"{field} cannot be represented as JSON: {exc}", field) from None
+        except RecursionError:
+            raise InvalidInput(f"{field} is nested too deeply to be stored", field) from None
+    fault = json_text_fault(text)
+    if fault is not None:
+        raise InvalidInput(f"{field} {fault}", field)
     if len(text.encode()) > MAX_PAYLOAD_BYTES:
         raise PayloadTooLarge(f"{field} is larger than {MAX_PAYLOAD_BYTES} bytes", field)
     return text

@@ -1,7 +1,8 @@
 """Request body parsers with size limits: JSON bodies up to ``CLEAT_API_MAX_BODY_BYTES``,
 WASM modules (raw ``application/wasm`` or ``application/octet-stream`` bodies, or a multipart
 upload) up to ``CLEAT_API_MAX_MODULE_BYTES``. A larger body is refused with 413 before it is
-read; invalid JSON is a 400 that says where it broke."""
+read; invalid JSON is a 400 that says where it broke, and so is JSON that no database could
+store (a lone UTF-16 surrogate, ``engine.storable``): a 400 naming the field that holds it."""
 
 from __future__ import annotations
 
@@ -12,7 +13,8 @@ from django.conf import settings
 from rest_framework.exceptions import ParseError
 from rest_framework.parsers import BaseParser, JSONParser
 
-from workflows.api.errors import PayloadTooLarge
+from engine.storable import find_surrogate, value_fault
+from workflows.api.errors import InvalidRequest, PayloadTooLarge
 
 DEFAULT_MAX_BODY_BYTES = 2 * 1024 * 1024
 DEFAULT_MAX_MODULE_BYTES = 64 * 1024 * 1024
@@ -45,11 +47,24 @@ class LimitedJSONParser(JSONParser):
         except UnicodeDecodeError as exc:
             raise ParseError(f"JSON parse error - the body is not UTF-8 ({exc.reason})") from None
         try:
-            return json.loads(text, parse_constant=_reject_constant)
+            value = json.loads(text, parse_constant=_reject_constant)
         except ValueError as exc:
             raise ParseError(f"JSON parse error - {exc}") from None
         except RecursionError:
             raise ParseError("JSON parse error - nested too deeply") from None
+        refuse_unstorable(value)
+        return value
+
+
+def refuse_unstorable(body: Any) -> None:
+    """A 400 naming the top-level field when the body holds a lone surrogate anywhere."""
+    found = find_surrogate(body)
+    if found is None:
+        return
+    path, _ = found
+    field = str(path[0]) if path and isinstance(body, dict) else None
+    subject = field or "the body"
+    raise InvalidRequest(f"{subject} {value_fault(body, root='')}", "invalid_text", field)
 
 
 class WasmParser(BaseParser):

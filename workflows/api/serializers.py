@@ -22,6 +22,7 @@ from rest_framework import serializers
 from engine.errors import ErrorCode
 from engine.events import CodecError, EncodedEvent, decode
 from engine.redaction import Redactor
+from engine.storable import parse_readable, readable
 from workflows.models import (
     Promise,
     RoutingRule,
@@ -71,9 +72,9 @@ class JsonTextField(serializers.Field):
         if value == "":
             return None
         try:
-            parsed = json.loads(value)
+            parsed = parse_readable(value)
         except (TypeError, ValueError):
-            return redactor().string(str(value))
+            return redactor().string(readable(str(value)))
         return redactor().value(parsed)
 
 
@@ -86,17 +87,18 @@ class RedactedJsonField(serializers.Field):
         super().__init__(**kwargs)
 
     def to_representation(self, value: Any) -> Any:
-        return redactor().value(value)
+        return redactor().value(readable(value))
 
 
 def parse_state(value: Any) -> Any:
-    """A query-state value as stored (JSON text), parsed; other values as they are."""
+    """A query-state value as stored (JSON text), parsed; other values as they are. A lone
+    surrogate (stored before the host refused them) reads as U+FFFD."""
     if isinstance(value, str):
         try:
-            return json.loads(value)
+            return parse_readable(value)
         except ValueError:
-            return value
-    return value
+            return readable(value)
+    return readable(value)
 
 
 @extend_schema_field(
@@ -124,7 +126,7 @@ class RedactedTextField(serializers.Field):
         super().__init__(**kwargs)
 
     def to_representation(self, value: Any) -> str:
-        return redactor().string(str(value))
+        return redactor().string(readable(str(value)))
 
 
 # --- errors (documentation of the shape the exception handler renders) --------------------------

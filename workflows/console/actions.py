@@ -26,6 +26,7 @@ from typing import Any
 from django import forms
 
 from engine.errors import ErrorCode
+from engine.storable import json_text_fault
 from workflows import services as svc
 from workflows.models import Status, Tenant, WorkflowInstance
 from workflows.tenancy import tenant_context
@@ -47,6 +48,11 @@ class JSONTextField(forms.CharField):
                 f"not valid JSON: {exc.msg} (line {exc.lineno} column {exc.colno})",
                 code="json",
             ) from None
+        except RecursionError:
+            raise forms.ValidationError("nested too deeply to be read", code="json") from None
+        fault = json_text_fault(text)
+        if fault is not None:
+            raise forms.ValidationError(f"The JSON {fault}.", code="json")
         return text
 
 

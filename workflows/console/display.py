@@ -8,6 +8,8 @@ from typing import Any
 
 from django.utils import timezone
 
+from engine.storable import parse_readable, readable
+
 STATUS_COLOURS = {
     "ready": "#2563eb",
     "running": "#0891b2",
@@ -84,9 +86,9 @@ def pretty_json(text: str | None) -> str:
     if text is None:
         return ""
     try:
-        return json.dumps(json.loads(text), indent=2, ensure_ascii=False, sort_keys=True)
-    except (TypeError, ValueError):
-        return text
+        return json.dumps(parse_readable(text), indent=2, ensure_ascii=False, sort_keys=True)
+    except (TypeError, ValueError, RecursionError):
+        return readable(text)
 
 
 def timedelta_s(delta: timedelta | None) -> float | None:

@@ -8,6 +8,7 @@ from typing import Any
 from django.core.management.base import CommandError, CommandParser
 from django.db import DatabaseError
 
+from engine.storable import json_text_fault
 from workflows.models import DEFAULT_TENANT_ID, Tenant
 from workflows.services import ServiceError, get_tenant
 
@@ -41,6 +42,11 @@ def parse_json_option(value: str | None, name: str) -> Any:
         json.loads(value)
     except json.JSONDecodeError as exc:
         raise CommandError(f"--{name} is not valid JSON: {exc.msg} at column {exc.colno}") from None
+    except RecursionError:
+        raise CommandError(f"--{name} is nested too deeply to be read") from None
+    fault = json_text_fault(value)
+    if fault is not None:
+        raise CommandError(f"--{name} {fault}")
     # The JSON text itself: the services take a str as a JSON document, so a parsed string
     # value ('"yes"' -> 'yes') would be re-read as (invalid) JSON.
     return value
