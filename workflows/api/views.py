@@ -64,6 +64,25 @@ API_REQUESTS = Counter(
 )
 API_SECONDS = Histogram("cleat_api_request_seconds", "REST API request duration", ["method"])
 
+# Every label value comes from a fixed set: anyone can send a request (no key needed to be
+# counted), so a label copied from it would let them grow /metrics without bound. The
+# endpoint label is the route's name (viewset and action), never the path.
+KNOWN_METHODS = frozenset({"GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS"})
+KNOWN_STATUSES = frozenset(
+    {200, 201, 202, 204, 301, 302, 304, 400, 401, 403, 404, 405, 406, 409, 413, 415, 429, 500}
+    | {502, 503, 504}
+)
+
+
+def method_label(method: str | None) -> str:
+    return method if method in KNOWN_METHODS else "other"
+
+
+def status_label(code: int) -> str:
+    """The code itself when the API answers it, else its class (``5xx``)."""
+    return str(code) if code in KNOWN_STATUSES else f"{min(max(code // 100, 1), 5)}xx"
+
+
 NAME_REGEX = r"[A-Za-z0-9][A-Za-z0-9_.-]{0,127}"
 TAG_REGEX = r"[A-Za-z0-9][A-Za-z0-9_.-]{0,63}"
 
@@ -135,12 +154,14 @@ class TenantViewSet(viewsets.GenericViewSet):
         except Exception as exc:
             response = self.handle_exception(exc)
         self.response = self.finalize_response(request, response, *args, **kwargs)
+        method = method_label(request.method)
+        action = self.action if method != "other" else None  # None for a method not routed
         API_REQUESTS.labels(
-            request.method,
-            getattr(self, "basename", "?") + "." + str(self.action),
-            str(self.response.status_code),
+            method,
+            getattr(self, "basename", "?") + "." + str(action),
+            status_label(self.response.status_code),
         ).inc()
-        API_SECONDS.labels(request.method).observe(time.monotonic() - started)
+        API_SECONDS.labels(method).observe(time.monotonic() - started)
         return self.response
 
     def initial(self, request: Request, *args: Any, **kwargs: Any) -> None:
