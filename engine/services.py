@@ -18,6 +18,7 @@ import importlib
 import ipaddress
 import json
 import json.encoder
+import re
 import socket
 import urllib.error
 import urllib.parse
@@ -350,16 +351,58 @@ class _PinnedHTTPSHandler(urllib.request.HTTPSHandler):
         return self.do_open(_pinned(http.client.HTTPSConnection, req), req, context=context)
 
 
+# NAT64's well-known prefix (RFC 6052): the last 32 bits are the IPv4 address reached.
+_NAT64 = ipaddress.IPv6Network("64:ff9b::/96")
+# IPv4-compatible addresses (``::a.b.c.d``, deprecated by RFC 4291): never globally routed,
+# though Python's registry does not say so.
+_IPV4_COMPATIBLE = ipaddress.IPv6Network("::/96")
+
+
+def _embedded_ipv4(addr: ipaddress.IPv6Address) -> list[ipaddress.IPv4Address]:
+    """The IPv4 addresses an IPv6 address reaches through a translation or a tunnel: 6to4
+    (``2002::/16``), Teredo (server and client), NAT64 (``64:ff9b::/96``)."""
+    found = [addr.sixtofour] if addr.sixtofour is not None else []
+    if addr.teredo is not None:
+        found.extend(addr.teredo)
+    if addr in _NAT64:
+        found.append(ipaddress.IPv4Address(int(addr) & 0xFFFFFFFF))
+    return found
+
+
 def _forbidden(addr: ipaddress.IPv4Address | ipaddress.IPv6Address) -> bool:
-    """An address a workflow may not reach without ``allow_private``."""
-    return (
-        addr.is_private
-        or addr.is_loopback
-        or addr.is_link_local
-        or addr.is_reserved
-        or addr.is_multicast
-        or addr.is_unspecified
-    )
+    """An address a workflow may not reach without ``allow_private``: any that is not
+    globally routable (IANA's special-purpose registries: private, loopback, link-local,
+    shared ``100.64.0.0/10``, documentation, benchmarking, reserved...), multicast, and an
+    IPv6 address that embeds such an IPv4 address (IPv4-mapped, 6to4, Teredo, NAT64). A
+    list of bad ranges misses the ones nobody listed; "not global" does not."""
+    if isinstance(addr, ipaddress.IPv6Address):
+        if addr.ipv4_mapped is not None:
+            return _forbidden(addr.ipv4_mapped)
+        if addr in _IPV4_COMPATIBLE or any(_forbidden(inner) for inner in _embedded_ipv4(addr)):
+            return True
+    return not addr.is_global or addr.is_multicast
+
+
+# RFC 9110 token: a method or a header name.
+_TOKEN = re.compile(r"[!#$%&'*+\-.^_`|~0-9A-Za-z]+")
+# A header value: visible characters, spaces and tabs; no CR, LF, NUL or other controls.
+_HEADER_VALUE = re.compile(r"[^\x00-\x08\x0a-\x1f\x7f]*")
+
+
+def _request_fault(method: str, headers: Mapping[Any, Any]) -> str | None:
+    """Why the guest's method or headers cannot be sent (header injection, a method with
+    control characters), or None."""
+    if not _TOKEN.fullmatch(method):
+        return f"{method!r} is not an HTTP method (letters, digits and !#$%&'*+-.^_`|~ only)"
+    for name, value in headers.items():
+        if not _TOKEN.fullmatch(str(name)):
+            return f"header name {str(name)!r} is not a valid HTTP header name"
+        if not _HEADER_VALUE.fullmatch(str(value)):
+            return (
+                f"the value of header {str(name)!r} contains a control character "
+                "(CR, LF, NUL...), which HTTP does not allow"
+            )
+    return None
 
 
 class Fetcher:
@@ -414,7 +457,11 @@ class Fetcher:
         for text in addresses:
             addr = ipaddress.ip_address(text.split("%")[0])
             if _forbidden(addr):
-                return f"{parsed.hostname} resolves to a private address ({addr})", None
+                return (
+                    f"{parsed.hostname} resolves to a private address ({addr}): only globally "
+                    "routable addresses are fetched",
+                    None,
+                )
         if not addresses:
             return f"cannot resolve {parsed.hostname}: no address", None
         return None, (parsed.hostname.lower(), addresses[0])
@@ -429,10 +476,14 @@ class Fetcher:
             return CallResult(Status.PERMANENT, f"headers are not a JSON object: {exc}")
         if not isinstance(header_map, dict):
             return CallResult(Status.PERMANENT, "headers must be a JSON object")
+        method = method.upper() or "GET"
+        fault = _request_fault(method, header_map)
+        if fault is not None:
+            return CallResult(Status.PERMANENT, fault)
         req = urllib.request.Request(
             url,
             data=body.encode() if body else None,
-            method=method.upper() or "GET",
+            method=method,
             headers={str(k): str(v) for k, v in header_map.items()},
         )
         req.cleat_pin = pin  # type: ignore[attr-defined]
@@ -443,8 +494,13 @@ class Fetcher:
             return CallResult(Status.DENIED, f"{url} redirects to {exc.url}: {exc.reason}")
         except urllib.error.HTTPError as exc:
             status, resp_headers, data = exc.code, dict(exc.headers), exc.read()
-        except (urllib.error.URLError, OSError, TimeoutError) as exc:
-            return CallResult(Status.ERROR, f"{url}: {exc}")
+        except (urllib.error.URLError, OSError, TimeoutError, http.client.HTTPException) as exc:
+            # HTTPException: the server broke the protocol (a truncated body, a bad status
+            # line) -- worth another try, like a dropped connection.
+            return CallResult(Status.ERROR, f"{url}: {type(exc).__name__}: {exc}")
+        except ValueError as exc:
+            # http.client refusing what it would send: the same request fails the same way.
+            return CallResult(Status.PERMANENT, f"{url}: the request cannot be sent: {exc}")
         text = data.decode("utf-8", "replace")
         return CallResult(
             Status.OK,

@@ -3,6 +3,7 @@ server, and the fetch allow-list."""
 
 from __future__ import annotations
 
+import ipaddress
 import json
 import socket
 import threading
@@ -495,3 +496,83 @@ def test_the_request_connects_to_the_address_that_was_checked(
     assert json.loads(json.loads(result.payload)["body"])["path"] == "/pinned"
     [received] = server.requests
     assert received.headers["Host"] == f"rebind.test:{port}"  # the name, not the address
+
+
+# --- addresses that are not globally routable, and requests that cannot be sent --------------
+
+
+@pytest.mark.parametrize(
+    "address",
+    [
+        "100.100.100.200",  # shared address space 100.64.0.0/10 (a cloud's metadata service)
+        "100.64.0.1",
+        "192.0.2.1",  # documentation
+        "198.18.0.1",  # benchmarking
+        "240.0.0.1",  # reserved
+        "224.0.0.1",  # multicast
+        "0.0.0.0",
+        "2002:7f00:1::",  # 6to4 embedding 127.0.0.1
+        "2002:a9fe:a9fe::1",  # 6to4 embedding 169.254.169.254
+        "64:ff9b::7f00:1",  # NAT64 of 127.0.0.1
+        "64:ff9b::6464:64c8",  # NAT64 of 100.100.100.200
+        "::ffff:10.0.0.1",  # IPv4-mapped
+        "::127.0.0.1",  # IPv4-compatible (deprecated)
+        "2001:0:4136:e378:8000:63bf:3fff:fdd2",  # Teredo
+        "fc00::1",
+        "fe80::1",
+        "ff02::1",
+    ],
+)
+def test_addresses_that_are_not_globally_routable_are_denied(
+    address: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The rule is "globally routable", checked on the address the name resolves to and on
+    the IPv4 address a translated or tunnelled IPv6 address reaches."""
+    family = socket.AF_INET6 if ":" in address else socket.AF_INET
+
+    def resolves(host: str, port: int, *args: Any, **kwargs: Any) -> list[Any]:
+        return [(family, socket.SOCK_STREAM, 6, "", (address, port))]
+
+    monkeypatch.setattr(socket, "getaddrinfo", resolves)
+    fetcher = Fetcher(allow=("https://api.example.com/",))
+    result = fetcher.fetch("GET", "https://api.example.com/x", "", "")
+    assert result.status == Status.DENIED, address
+    assert "private address" in result.payload and "globally routable" in result.payload
+
+
+@pytest.mark.parametrize(
+    "address", ["8.8.8.8", "2001:4860:4860::8888", "::ffff:8.8.8.8", "2002:808:808::1"]
+)
+def test_globally_routable_addresses_pass_the_address_check(address: str) -> None:
+    from engine.services import _forbidden
+
+    assert not _forbidden(ipaddress.ip_address(address))
+
+
+@pytest.mark.parametrize(
+    ("method", "headers", "fault"),
+    [
+        ("GET", {"X-Evil": "a\r\nHost: internal"}, "control character"),
+        ("GET", {"X-Evil": "a\nb"}, "control character"),
+        ("GET", {"X-Nul": "a\x00b"}, "control character"),
+        ("GET", {"Bad Name": "x"}, "not a valid HTTP header name"),
+        ("GET", {"X\r\nInjected": "x"}, "not a valid HTTP header name"),
+        ("GE\r\nT", {}, "is not an HTTP method"),
+        ("GET /admin HTTP/1.1\x00", {}, "is not an HTTP method"),
+    ],
+)
+def test_header_injection_and_bad_methods_are_permanent(
+    server: LocalServer, method: str, headers: dict[str, str], fault: str
+) -> None:
+    """Refused before anything is sent, as PERMANENT (the same request fails the same way),
+    not raised from inside http.client (which the run would retry as an internal error)."""
+    fetcher = Fetcher(allow=(server.base,), allow_private=True)
+    result = fetcher.fetch(method, server.base, json.dumps(headers), "")
+    assert result.status == Status.PERMANENT, result
+    assert fault in result.payload
+
+
+def test_a_tab_in_a_header_value_is_sent(server: LocalServer) -> None:
+    fetcher = Fetcher(allow=(server.base,), allow_private=True)
+    result = fetcher.fetch("GET", server.base, json.dumps({"X-Tab": "a\tb"}), "")
+    assert result.status == Status.OK, result
