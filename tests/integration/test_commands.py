@@ -24,6 +24,7 @@ import pytest
 from django.core.management import call_command
 from django.core.management.base import CommandError
 from django.db import connection
+from django.test import override_settings
 
 from tests.fixtures.wat import Wat
 from workflows.models import Signal, Status, Tenant, WorkflowDefinition, WorkflowInstance
@@ -248,6 +249,14 @@ BAD_INPUT: dict[str, tuple[tuple[str, ...], str]] = {
         ("start_workflow", "approval", "--input", "[1, 2"),
         "--input is not valid JSON",
     ),
+    "input nested too deeply": (
+        ("start_workflow", "approval", "--input", "[" * 5000 + "]" * 5000),
+        "--input is nested too deeply to be read",
+    ),
+    "input with a lone surrogate": (
+        ("start_workflow", "approval", "--input", '["\\ud800"]'),
+        "--input contains a lone UTF-16 surrogate",
+    ),
     "unknown tenant (start)": (
         ("start_workflow", "approval", "--tenant", "ghost"),
         "unknown tenant 'ghost'",
@@ -290,6 +299,10 @@ BAD_INPUT: dict[str, tuple[tuple[str, ...], str]] = {
         ("signal_workflow", "{done}", "go", "--payload", "yes"),
         "--payload is not valid JSON",
     ),
+    "signal payload with a lone surrogate": (
+        ("signal_workflow", "{done}", "go", "--payload", '"\\udc00"'),
+        "--payload contains a lone UTF-16 surrogate",
+    ),
     "signal an unknown run": (("signal_workflow", "{unknown}", "go"), "no workflow run {unknown}"),
     "signal another tenant's run": (
         ("signal_workflow", "{theirs}", "go"),
@@ -331,6 +344,7 @@ def test_bad_input_is_a_command_error_naming_the_problem(
 
 SUBPROCESS_CASES = (
     "input not JSON",
+    "input nested too deeply",
     "unknown tenant (start)",
     "invalid wasm",
     "signal a finished run",
@@ -361,3 +375,21 @@ def test_a_fetch_allow_list_entry_that_cannot_be_interpreted_fails_the_checks() 
             call_command("check")
     with override_settings(CLEAT_FETCH_ALLOW=["https://api.example.com/v1"]):
         assert check_fetch_allow_list() == []
+
+
+def test_deploy_reads_no_more_than_the_module_size_limit(tenant: Tenant, tmp_path: Path) -> None:
+    """A file over the limit is refused after reading one byte more than the limit, however
+    large it is (a device never ends); as a process, with the limit from the environment."""
+    big = tmp_path / "big.wasm"
+    big.write_bytes(b"\0asm" + b"\0" * 2048)
+    with override_settings(CLEAT_API_MAX_MODULE_BYTES=1024):
+        for path in (str(big), "/dev/zero"):
+            with pytest.raises(CommandError, match=f"{path} is larger than 1024 bytes"):
+                run("deploy_workflow", "approval", path)
+    os.environ["CLEAT_API_MAX_MODULE_BYTES"] = "1024"
+    try:
+        done = manage("deploy_workflow", "approval", "/dev/zero")
+    finally:
+        del os.environ["CLEAT_API_MAX_MODULE_BYTES"]
+    assert done.returncode != 0
+    assert done.stderr.startswith("CommandError: /dev/zero is larger than 1024 bytes"), done.stderr

@@ -8,6 +8,7 @@ from typing import Any
 import wasmtime
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
+from workflows.api.parsers import max_module_bytes
 from workflows.management.commands._common import (
     VersionOptionMixin,
     add_tenant_argument,
@@ -33,10 +34,19 @@ class Command(VersionOptionMixin, BaseCommand):
     def handle(self, *args: Any, **options: Any) -> None:
         tenant = tenant_from(options)
         path = Path(options["path"])
+        limit = max_module_bytes()
         try:
-            data = path.read_bytes()
+            # Never more than the upload limit plus one byte: the path may name a device or
+            # a file of any size (/dev/zero would otherwise be read until memory runs out).
+            with path.open("rb") as module_file:
+                data = module_file.read(limit + 1)
         except OSError as exc:
             raise CommandError(f"cannot read {path}: {exc.strerror}") from None
+        if len(data) > limit:
+            raise CommandError(
+                f"{path} is larger than {limit} bytes, the module size limit "
+                "(CLEAT_API_MAX_MODULE_BYTES)"
+            )
         if path.suffix == ".wat":
             try:
                 data = wasmtime.wat2wasm(data.decode())
