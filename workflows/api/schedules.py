@@ -34,6 +34,7 @@ from workflows.api.serializers import (
     NAME_PATTERN,
     TAG_PATTERN,
     JsonTextField,
+    KnownFieldsOnly,
     ReasonSerializer,
     json_text,
 )
@@ -178,7 +179,7 @@ class PreviewQuerySerializer(serializers.Serializer):
     after = serializers.DateTimeField(required=False, help_text=_INSTANT_HELP + " Default: now.")
 
 
-class ExpressionPreviewSerializer(serializers.Serializer):
+class ExpressionPreviewSerializer(KnownFieldsOnly):
     cron = serializers.CharField(max_length=128, help_text=_CRON_HELP)
     timezone = serializers.CharField(required=False, default="UTC", max_length=64)
     count = serializers.IntegerField(
@@ -187,7 +188,7 @@ class ExpressionPreviewSerializer(serializers.Serializer):
     after = serializers.DateTimeField(required=False, help_text=_INSTANT_HELP + " Default: now.")
 
 
-class TriggerSerializer(serializers.Serializer):
+class TriggerSerializer(KnownFieldsOnly):
     overlap_policy = serializers.ChoiceField(
         choices=OverlapPolicy.choices,
         required=False,
@@ -205,7 +206,7 @@ class BackfillSerializer(TriggerSerializer):
     )
 
 
-class DeleteSerializer(serializers.Serializer):
+class DeleteSerializer(KnownFieldsOnly):
     reason = serializers.CharField(
         required=False, allow_blank=True, max_length=MAX_REASON, default=""
     )

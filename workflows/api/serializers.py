@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+from collections.abc import Mapping
 from functools import lru_cache
 from typing import Any
 
@@ -55,6 +56,24 @@ def _redactor_for(path: str) -> Redactor:
 def json_text(value: Any) -> str:
     """A parsed JSON value as the text the services store."""
     return json.dumps(value, separators=(",", ":"), ensure_ascii=False)
+
+
+# --- input ---------------------------------------------------------------------------------------
+
+
+class KnownFieldsOnly(serializers.Serializer):
+    """A request body (or a write's options) whose every field the endpoint knows: any other
+    is a 400 naming it, where DRF would drop it silently (``inptu`` for ``input`` would
+    start a run with no input)."""
+
+    def to_internal_value(self, data: Any) -> Any:
+        if isinstance(data, Mapping):
+            unknown = sorted(str(key) for key in data if key not in self.fields)
+            if unknown:
+                raise serializers.ValidationError(
+                    {unknown[0]: "This is not a field of this request."}, code="unknown_field"
+                )
+        return super().to_internal_value(data)
 
 
 # --- output fields -------------------------------------------------------------------------------
@@ -176,7 +195,7 @@ class DefinitionSerializer(serializers.ModelSerializer):
         read_only_fields = fields
 
 
-class DeployOptionsSerializer(serializers.Serializer):
+class DeployOptionsSerializer(KnownFieldsOnly):
     """Deploy options: form fields of a multipart upload, or query parameters of a raw body."""
 
     name = serializers.RegexField(NAME_PATTERN, max_length=128, help_text="Workflow name.")
@@ -201,7 +220,7 @@ class DefinitionNameSerializer(serializers.Serializer):
     routing = serializers.ListField(child=serializers.DictField())
 
 
-class ReasonSerializer(serializers.Serializer):
+class ReasonSerializer(KnownFieldsOnly):
     reason = serializers.CharField(
         required=False, allow_blank=True, max_length=MAX_REASON, default=""
     )
@@ -220,12 +239,12 @@ class TagSerializer(serializers.ModelSerializer):
         read_only_fields = fields
 
 
-class SetTagSerializer(serializers.Serializer):
+class SetTagSerializer(KnownFieldsOnly):
     tag = serializers.RegexField(TAG_PATTERN, max_length=64)
     version = serializers.IntegerField(min_value=1, max_value=INT32_MAX)
 
 
-class RoutingRuleSerializer(serializers.ModelSerializer):
+class RoutingRuleSerializer(KnownFieldsOnly, serializers.ModelSerializer):
     version = serializers.IntegerField(min_value=1, max_value=INT32_MAX)
     weight = serializers.FloatField(min_value=0.0, max_value=1e9)
 
@@ -234,11 +253,11 @@ class RoutingRuleSerializer(serializers.ModelSerializer):
         fields = ["version", "weight"]
 
 
-class RoutingRulesSerializer(serializers.Serializer):
+class RoutingRulesSerializer(KnownFieldsOnly):
     rules = RoutingRuleSerializer(many=True, help_text="An empty list removes routing.")
 
 
-class GCRequestSerializer(serializers.Serializer):
+class GCRequestSerializer(KnownFieldsOnly):
     dry_run = serializers.BooleanField(default=True, help_text="Report only; delete nothing.")
     min_versions_to_keep = serializers.IntegerField(default=3, min_value=0, max_value=10_000)
     max_age_days = serializers.FloatField(
@@ -337,7 +356,7 @@ class RunSerializer(serializers.ModelSerializer):
         return str(successor.id) if successor is not None else None
 
 
-class StartRunSerializer(serializers.Serializer):
+class StartRunSerializer(KnownFieldsOnly):
     definition = serializers.RegexField(NAME_PATTERN, max_length=128, help_text="Workflow name.")
     version = serializers.IntegerField(
         required=False, min_value=1, max_value=INT32_MAX, help_text="Pin a version."
@@ -383,7 +402,7 @@ class RunFilterSerializer(serializers.Serializer):
     task_queue = serializers.CharField(required=False, max_length=64)
 
 
-class SignalRequestSerializer(serializers.Serializer):
+class SignalRequestSerializer(KnownFieldsOnly):
     name = serializers.CharField(max_length=256)
     payload = serializers.JSONField(required=False, default=None, allow_null=True)
 
@@ -414,7 +433,7 @@ class ReReplaySerializer(ReasonSerializer):
     generation = serializers.IntegerField(min_value=0, max_value=2**63 - 1)
 
 
-class UpdateRequestSerializer(serializers.Serializer):
+class UpdateRequestSerializer(KnownFieldsOnly):
     name = serializers.CharField(max_length=128)
     payload = serializers.JSONField(required=False, default=None, allow_null=True)
     wait_seconds = serializers.FloatField(
@@ -518,11 +537,11 @@ class PromiseSerializer(serializers.ModelSerializer):
         read_only_fields = fields
 
 
-class ResolvePromiseSerializer(serializers.Serializer):
+class ResolvePromiseSerializer(KnownFieldsOnly):
     value = serializers.JSONField(required=False, default=None, allow_null=True)
 
 
-class RejectPromiseSerializer(serializers.Serializer):
+class RejectPromiseSerializer(KnownFieldsOnly):
     message = serializers.CharField(max_length=10_000)
 
 
