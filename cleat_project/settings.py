@@ -32,6 +32,31 @@ if not SECRET_KEY:
 
 ALLOWED_HOSTS = env.list("ALLOWED_HOSTS", default=["localhost", "127.0.0.1", "[::1]"])
 
+# --- HTTPS (docs/production.md) ------------------------------------------------------------
+# Off by default so that the embedded default works over plain http://localhost; a
+# production deployment served over HTTPS turns them on (`manage.py check --deploy` is then
+# clean). SECURE_SSL_REDIRECT leaves /healthz and /metrics alone: load balancers and
+# Prometheus often probe over plain HTTP inside the network.
+SECURE_SSL_REDIRECT = env.bool("SECURE_SSL_REDIRECT", default=False)
+SECURE_REDIRECT_EXEMPT = env.list("SECURE_REDIRECT_EXEMPT", default=[r"^healthz$", r"^metrics$"])
+SESSION_COOKIE_SECURE = env.bool("SESSION_COOKIE_SECURE", default=False)
+CSRF_COOKIE_SECURE = env.bool("CSRF_COOKIE_SECURE", default=False)
+# Seconds browsers remember to use HTTPS only (0: no Strict-Transport-Security header).
+SECURE_HSTS_SECONDS = env.int("SECURE_HSTS_SECONDS", default=0)
+SECURE_HSTS_INCLUDE_SUBDOMAINS = env.bool("SECURE_HSTS_INCLUDE_SUBDOMAINS", default=False)
+SECURE_HSTS_PRELOAD = env.bool("SECURE_HSTS_PRELOAD", default=False)
+# Behind a proxy that terminates TLS: the header it sets and the value meaning HTTPS, e.g.
+# "HTTP_X_FORWARDED_PROTO,https". Only set it when the proxy always sets (or strips) that
+# header: otherwise a client could claim HTTPS itself.
+_proxy_ssl_header = env.list("SECURE_PROXY_SSL_HEADER", default=[])
+if _proxy_ssl_header and len(_proxy_ssl_header) != 2:
+    raise ImproperlyConfigured(
+        "SECURE_PROXY_SSL_HEADER is a header and a value, e.g. HTTP_X_FORWARDED_PROTO,https"
+    )
+SECURE_PROXY_SSL_HEADER = tuple(_proxy_ssl_header) if _proxy_ssl_header else None
+# Origins (scheme and host) the admin's forms may be posted from, when not the host itself.
+CSRF_TRUSTED_ORIGINS = env.list("CSRF_TRUSTED_ORIGINS", default=[])
+
 INSTALLED_APPS = [
     "django.contrib.admin",
     "django.contrib.auth",
@@ -81,11 +106,16 @@ ASGI_APPLICATION = "cleat_project.asgi.application"
 DATABASES = {
     "default": env.db("DATABASE_URL", default=f"sqlite:///{BASE_DIR / 'db.sqlite3'}"),
 }
-# Keep connections open between requests and worker segments (reconnecting per segment cost
-# more than the segment itself in the store benchmark); health checks drop dead ones.
+# The web process closes its connection at the end of each request by default: a threaded
+# server (runserver, gunicorn's gthread) has a thread per client connection, and a
+# connection kept per thread for a minute exhausted the database's slots. The worker keeps
+# its threads' connections (reconnecting per segment cost more than the segment itself in
+# the store benchmark): `runworker` applies CLEAT_WORKER_CONN_MAX_AGE instead. Health
+# checks drop dead connections either way.
 DATABASES["default"]["CONN_MAX_AGE"] = env.int(
-    "CONN_MAX_AGE", default=DATABASES["default"].get("CONN_MAX_AGE") or 60
+    "CONN_MAX_AGE", default=DATABASES["default"].get("CONN_MAX_AGE") or 0
 )
+CLEAT_WORKER_CONN_MAX_AGE = env.int("CLEAT_WORKER_CONN_MAX_AGE", default=60)
 DATABASES["default"]["CONN_HEALTH_CHECKS"] = True
 if DATABASES["default"]["ENGINE"] == "django.db.backends.sqlite3":
     # One writer at a time: IMMEDIATE transactions take the write lock up front (no upgrade

@@ -12,6 +12,7 @@ from django.db import close_old_connections
 from django.utils import timezone
 
 from schedules.scheduler import ScheduleTicker, tick
+from workflows.management.commands._common import use_worker_connection_age
 from workflows.services import ServiceError, get_tenant
 
 log = logging.getLogger("cleat.scheduler")
@@ -46,6 +47,7 @@ class Command(BaseCommand):
             report = tick(timezone.now(), tenant=tenant, limit=options["batch"])
             self.stdout.write(report.summary())
             return
+        use_worker_connection_age()  # a long-running loop like the worker's
         stop = threading.Event()
         for signum in (signal.SIGTERM, signal.SIGINT):
             signal.signal(signum, lambda *_: stop.set())

@@ -5,8 +5,9 @@ from __future__ import annotations
 import json
 from typing import Any
 
+from django.conf import settings
 from django.core.management.base import CommandError, CommandParser
-from django.db import DatabaseError
+from django.db import DatabaseError, connections
 
 from engine.storable import json_text_fault
 from workflows.models import DEFAULT_TENANT_ID, Tenant
@@ -64,3 +65,14 @@ class VersionOptionMixin:
     def create_parser(self, prog_name: str, subcommand: str, **kwargs: Any) -> CommandParser:
         kwargs.setdefault("conflict_handler", "resolve")
         return super().create_parser(prog_name, subcommand, **kwargs)  # type: ignore[misc,no-any-return]
+
+
+def use_worker_connection_age() -> None:
+    """Give this process's database connections the worker's lifetime,
+    ``CLEAT_WORKER_CONN_MAX_AGE`` (60 s by default), instead of the web's ``CONN_MAX_AGE``
+    (0: one connection per request). A worker thread reuses its connection from segment to
+    segment; the settings dict is shared with the connections its threads open later."""
+    age = int(getattr(settings, "CLEAT_WORKER_CONN_MAX_AGE", 60))
+    for alias in connections:
+        connections[alias].settings_dict["CONN_MAX_AGE"] = age
+        connections.settings[alias]["CONN_MAX_AGE"] = age

@@ -12,6 +12,7 @@ from typing import Any
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 from django.db import connection
 
+from workflows.management.commands._common import use_worker_connection_age
 from workflows.models import Tenant
 from workflows.rls import bypass_reasons, format_reasons
 from workflows.services import ServiceError, get_tenant
@@ -43,6 +44,7 @@ class Command(BaseCommand):
 
     def handle(self, *args: Any, **options: Any) -> None:
         logging.getLogger("cleat").setLevel(logging.INFO)
+        use_worker_connection_age()
         queues = [q.strip() for q in options["queues"].split(",") if q.strip()]
         if not queues:
             raise CommandError("--queues needs at least one task queue")

@@ -1,0 +1,126 @@
+"""The production settings of docs/production.md: ``check --deploy`` is clean with them (and
+warns without them), the web process holds no connection between requests by default, and
+the worker applies its own connection lifetime. Each check runs ``manage.py`` or Python as a
+separate process on the real settings (not the test settings), with a clean environment."""
+
+from __future__ import annotations
+
+import io
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+from django.conf import settings
+from django.core.management import call_command
+from django.db import connections
+
+ROOT = Path(__file__).resolve().parents[2]
+
+# The settings docs/production.md lists, with example values.
+PRODUCTION_ENV = {
+    "DEBUG": "0",
+    "SECRET_KEY": "x9-long-random-production-key-" + "k3Jf8sLq2ZpWv7Rt" * 3,
+    "ALLOWED_HOSTS": "cleat.example.com",
+    "SECURE_SSL_REDIRECT": "1",
+    "SESSION_COOKIE_SECURE": "1",
+    "CSRF_COOKIE_SECURE": "1",
+    "SECURE_HSTS_SECONDS": "31536000",
+    "SECURE_HSTS_INCLUDE_SUBDOMAINS": "1",
+    "SECURE_HSTS_PRELOAD": "1",
+    "SECURE_PROXY_SSL_HEADER": "HTTP_X_FORWARDED_PROTO,https",
+}
+
+
+def _clean_env(tmp_path: Path, **extra: str) -> dict[str, str]:
+    kept = ("PATH", "HOME", "LANG", "LC_ALL", "TMPDIR")
+    env = {k: v for k, v in os.environ.items() if k in kept}
+    env["DATABASE_URL"] = f"sqlite:///{tmp_path / 'db.sqlite3'}"
+    env.update(extra)
+    return env
+
+
+def _run(args: list[str], env: dict[str, str]) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, *args], cwd=ROOT, env=env, capture_output=True, text=True, timeout=120
+    )
+
+
+def test_check_deploy_is_clean_with_the_documented_production_settings(tmp_path: Path) -> None:
+    done = _run(
+        ["manage.py", "check", "--deploy", "--fail-level", "WARNING"],
+        _clean_env(tmp_path, **PRODUCTION_ENV),
+    )
+    assert done.returncode == 0, done.stderr
+    assert "no issues" in done.stdout
+
+
+def test_check_deploy_warns_without_them(tmp_path: Path) -> None:
+    bare = {k: PRODUCTION_ENV[k] for k in ("DEBUG", "SECRET_KEY", "ALLOWED_HOSTS")}
+    done = _run(["manage.py", "check", "--deploy"], _clean_env(tmp_path, **bare))
+    for warning in ("W004", "W008", "W012", "W016"):
+        assert f"security.{warning}" in done.stderr, (warning, done.stderr)
+
+
+def test_a_bad_proxy_ssl_header_is_refused_at_start(tmp_path: Path) -> None:
+    env = _clean_env(tmp_path, **{**PRODUCTION_ENV, "SECURE_PROXY_SSL_HEADER": "HTTP_X_PROTO"})
+    done = _run(["manage.py", "check"], env)
+    assert done.returncode != 0
+    assert "SECURE_PROXY_SSL_HEADER is a header and a value" in done.stderr
+
+
+WEB_REQUESTS = """
+import threading
+import django
+django.setup()
+from django.db import connection
+from django.test import RequestFactory
+from django.core.handlers.wsgi import WSGIHandler
+
+app = WSGIHandler()
+held = []
+
+def request():
+    environ = RequestFactory().get("/healthz").environ
+    environ["SERVER_NAME"] = "localhost"
+    response = app(environ, lambda status, headers: None)
+    body = b"".join(response)
+    response.close()  # what a WSGI server does: Django's request_finished
+    assert b"ok" in body, body
+    held.append(connection.connection is not None)
+
+threads = [threading.Thread(target=request) for _ in range(8)]
+for t in threads:
+    t.start()
+for t in threads:
+    t.join()
+print(connection.settings_dict["CONN_MAX_AGE"], sum(held))
+"""
+
+
+def test_the_web_process_holds_no_connection_between_requests(tmp_path: Path) -> None:
+    """Each request thread's connection is closed when its request ends (runserver starts a
+    thread per client connection: a connection kept per thread exhausted the server)."""
+    env = _clean_env(tmp_path, DEBUG="1", DJANGO_SETTINGS_MODULE="cleat_project.settings")
+    assert _run(["manage.py", "migrate", "-v0"], env).returncode == 0
+    done = _run(["-c", WEB_REQUESTS], env)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.split() == ["0", "0"]  # CONN_MAX_AGE 0; no thread holds a connection
+    kept = _run(["-c", WEB_REQUESTS], {**env, "CONN_MAX_AGE": "60"})
+    assert kept.stdout.split() == ["60", "8"]  # what the old default did
+
+
+@pytest.mark.django_db(transaction=True)
+def test_the_worker_applies_its_own_connection_lifetime(tenant: Any) -> None:
+    before = connections["default"].settings_dict["CONN_MAX_AGE"]
+    assert before == 0
+    try:
+        call_command("runworker", "--burst", stdout=io.StringIO())
+        assert connections.settings["default"]["CONN_MAX_AGE"] == 60
+        assert connections["default"].settings_dict["CONN_MAX_AGE"] == 60
+        assert settings.CLEAT_WORKER_CONN_MAX_AGE == 60
+    finally:
+        connections.settings["default"]["CONN_MAX_AGE"] = before
+        connections["default"].settings_dict["CONN_MAX_AGE"] = before
