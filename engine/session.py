@@ -108,7 +108,7 @@ from engine.events import (
 )
 from engine.services import CallContext, CallResult, Services
 from engine.status import Status, status_from_byte
-from engine.storable import json_text_fault, text_fault, value_fault
+from engine.storable import json_text_fault, readable_text, text_fault, value_fault
 from engine.storage import (
     AcquireLock,
     ChildOutcome,
@@ -313,10 +313,11 @@ class GuestBackend(Protocol):
 E = TypeVar("E", bound=Event)
 
 
-def _storable(function: str, what: str, text: str) -> None:
-    """Refuse guest text the host stores and later reads back as JSON when no database could
-    store it or no page render it (``engine.storable``): the guest's fault."""
-    fault = json_text_fault(text)
+def _storable(function: str, what: str, text: str, *, is_json: bool = True) -> None:
+    """Refuse guest text the host stores (and reads back as JSON, unless ``is_json`` is
+    false) when no database could store it or no page render it (``engine.storable``): the
+    guest's fault."""
+    fault = json_text_fault(text) if is_json else text_fault(text)
     if fault is not None:
         raise GuestFault(function, f"{what} {fault}")
 
@@ -640,9 +641,11 @@ class ExecutionSession:
             if fault is not None:
                 return failed(ErrorCode.GUEST_FAULT, f"the entry point's result {fault}")
             return Completed(reply.payload)
+        # The run fails either way: an error message no database stores is kept readable.
+        message = readable_text(reply.payload)
         if status is None:
-            return failed(ErrorCode.ERROR, f"unknown status {reply.status}: {reply.payload}")
-        return failed(ErrorCode(status.label), reply.payload)
+            return failed(ErrorCode.ERROR, f"unknown status {reply.status}: {message}")
+        return failed(ErrorCode(status.label), message)
 
     def result(self, outcome: Outcome, elapsed_s: float = 0.0) -> SegmentResult:
         replayed = sum(1 for _ in self._history[: self._pos])
@@ -1225,6 +1228,7 @@ class ExecutionSession:
     def _send_signal(
         self, target_id: str, name: str, payload: str, correlation_id: str
     ) -> SignalSentEvent:
+        _storable("signal_workflow", "the name", name, is_json=False)
         _storable("signal_workflow", "the payload", payload)
         event = self._match(SignalSentEvent, (target_id, name, payload))
         if event is not None:
@@ -1265,6 +1269,7 @@ class ExecutionSession:
         return self._await_signals((reply_name,), int(timeout_ms), WaitKind.SIGNAL_REPLY)
 
     def reply_to_signal(self, correlation_id: str, response: str) -> Reply:
+        _storable("reply_to_signal", "the response", response)
         event = self._match(SignalReplyEvent, (correlation_id, response))
         if event is None:
             sender, _, step_text = correlation_id.rpartition("/")
@@ -1298,6 +1303,7 @@ class ExecutionSession:
     # --- promises ---
 
     def create_promise(self, name: str) -> Reply:
+        _storable("create_promise", "the name", name, is_json=False)
         event = self._match(CreatePromiseEvent, (name,))
         if event is None:
             step, ts = self.step, self._stamp()
@@ -1370,6 +1376,7 @@ class ExecutionSession:
         return Reply(event.status, "")
 
     def reject_promise(self, promise_id: str, message: str) -> Reply:
+        _storable("reject_promise", "the message", message, is_json=False)
         event = self._match(PromiseRejectedEvent, (promise_id, message))
         if event is None:
             step, ts = self.step, self._stamp()
@@ -1397,9 +1404,7 @@ class ExecutionSession:
         return 0
 
     def set_query_state(self, key: str, value: str) -> int:
-        fault = text_fault(key)
-        if fault is not None:
-            raise GuestFault("set_query_state", f"the key {fault}")
+        _storable("set_query_state", "the key", key, is_json=False)
         _storable("set_query_state", "the value", value)
         self.query_state[key] = value
         return 0
@@ -1624,6 +1629,8 @@ class ExecutionSession:
         )
 
     def set_state(self, key: str, value: str) -> int:
+        _storable("set_state", "the key", key, is_json=False)
+        _storable("set_state", "the value", value, is_json=False)
         if self._match(StateMutationEvent, ("set", key, value, 0)) is None:
             event = self._state_event("set", key, value)
             self._apply(SetState(self.scope, key, value), lambda _: event, _never_refused)

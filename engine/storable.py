@@ -113,6 +113,12 @@ def readable(value: Any) -> Any:
     return value
 
 
+def readable_text(text: str) -> str:
+    """``text`` with each surrogate and raw U+0000 replaced by U+FFFD: storable everywhere
+    and readable (for a message that is kept whatever it holds, such as a run's error)."""
+    return _UNSTORABLE.sub(REPLACEMENT, text)
+
+
 def parse_readable(text: str) -> Any:
     """``json.loads(text)``, made :func:`readable` when the text may hold a surrogate
     (raises ``ValueError`` like ``json.loads`` when it is not JSON)."""

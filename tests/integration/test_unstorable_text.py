@@ -194,3 +194,20 @@ def test_the_admins_json_forms_refuse_a_lone_surrogate(
         assert response.status_code == 400, (action, response.status_code)
         assert "lone UTF-16 surrogate" in response.content.decode()
     assert api.get(f"/api/v1/workflows/{run}").json()["status"] != "done"
+
+
+def test_a_guest_error_with_a_raw_nul_fails_the_run_with_a_readable_message(
+    api: Api, env: DatabaseWorkflowEnvironment
+) -> None:
+    """PostgreSQL refuses U+0000 in a text column: the message keeps everything else."""
+    w = Wat()
+    w.run(w.reply(2, "bad\x00thing"))
+    assert api.deploy("nul", w.wasm()).status_code == 201
+    run = api.start("nul").json()["id"]
+    env.run_until_idle(max_segments=10)
+    body = api.get(f"/api/v1/workflows/{run}").json()
+    assert (body["status"], body["error_code"], body["error"]) == (
+        "failed",
+        "permanent",
+        "bad\ufffdthing",
+    )

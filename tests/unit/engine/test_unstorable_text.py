@@ -87,3 +87,33 @@ def test_the_rule_itself() -> None:
     assert storable.value_fault({"\ud800": 1}) is not None
     assert storable.readable({"k\udc00": ["a\ud800"]}) == {"k\ufffd": ["a\ufffd"]}
     assert storable.parse_readable(LONE) == "\ufffd"
+
+
+def test_an_error_message_with_a_raw_nul_is_kept_readable() -> None:
+    """The run fails as the guest said; its message loses only the character no PostgreSQL
+    text column takes."""
+    w = Wat()
+    w.run(w.reply(2, "bad\x00thing"))
+    run = _run(w.wasm())
+    assert (run["status"], run["error_code"]) == ("failed", "permanent"), run
+    assert run["error"] == "bad\ufffdthing"
+
+
+@pytest.mark.parametrize(
+    ("call", "fault"),
+    [
+        ("(drop (call $set_state {ok} {v}))", "set_state: the value contains a NUL character"),
+        ("(drop (call $create_promise {k}))", "create_promise: the name contains a NUL"),
+        (
+            "(drop (call $signal_workflow {v} {k} {j}))",
+            "signal_workflow: the name contains a NUL",
+        ),
+    ],
+)
+def test_names_and_state_with_a_raw_nul_are_a_guest_fault(call: str, fault: str) -> None:
+    w = Wat()
+    body = call.format(k=w.s("na\x00me"), v=w.s("va\x00lue"), j=w.s("null"), ok=w.s("key"))
+    w.run(f"{body}\n{w.reply(0, 'null')}")
+    run = _run(w.wasm())
+    assert run["error_code"] == "guest_fault", run
+    assert fault in str(run["error"])
