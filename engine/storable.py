@@ -1,4 +1,4 @@
-"""The one rule for text that is stored and read back as JSON: no lone UTF-16 surrogates.
+"""The one rule for text that is stored: no lone UTF-16 surrogate, and no raw U+0000.
 
 JSON may spell a surrogate code point as an escape (``"\\ud800"``) without its partner; Python
 parses that into a ``str`` no UTF-8 encoder accepts, so a value holding one cannot be written
@@ -13,7 +13,7 @@ U+0000 is the other character no backend takes alike: PostgreSQL refuses it in a
 column and as a ``\\u0000`` escape in jsonb, where SQLite and MariaDB store it. Spelled as an
 escape inside JSON text (``"\\u0000"``, what ``json.dumps`` writes) it is only six ASCII
 characters in a text column, so JSON values may hold it; the raw character in stored text
-(a guest's result or query state that is not JSON, a key) is refused like a surrogate.
+(a guest's result that is not JSON, a key, a name) is refused like a surrogate.
 """
 
 from __future__ import annotations
@@ -83,11 +83,9 @@ def json_text_fault(text: str) -> str | None:
 
     Text that is not JSON is not this rule's business (the caller decides what else it
     accepts); a surrogate code point in the text itself is refused either way."""
-    bad = _UNSTORABLE.search(text)
-    if bad is not None:
-        if bad.group() == "\x00":
-            return "contains a NUL character (U+0000), which cannot be stored"
-        return "contains a lone UTF-16 surrogate, which is not valid Unicode text"
+    fault = text_fault(text)
+    if fault is not None:
+        return fault
     if not _SURROGATE_ESCAPE.search(text):
         return None  # the common case: no escape that could decode to a surrogate
     try:
@@ -98,8 +96,14 @@ def json_text_fault(text: str) -> str | None:
 
 
 def text_fault(text: str) -> str | None:
-    """Why the plain text ``text`` (a key, a name) may not be stored, or None when it may."""
-    return json_text_fault(text) if _UNSTORABLE.search(text) else None
+    """Why the plain text ``text`` (a key, a name) may not be stored, or None when it may:
+    only its own characters count (a JSON escape in it is just a backslash and letters)."""
+    bad = _UNSTORABLE.search(text)
+    if bad is None:
+        return None
+    if bad.group() == "\x00":
+        return "contains a NUL character (U+0000), which cannot be stored"
+    return "contains a lone UTF-16 surrogate, which is not valid Unicode text"
 
 
 def readable(value: Any) -> Any:
@@ -121,8 +125,12 @@ def readable_text(text: str) -> str:
 
 def parse_readable(text: str) -> Any:
     """``json.loads(text)``, made :func:`readable` when the text may hold a surrogate
-    (raises ``ValueError`` like ``json.loads`` when it is not JSON)."""
-    value = json.loads(text)
+    (raises ``ValueError`` like ``json.loads`` when it is not JSON, or nested deeper than
+    this stack can parse: the caller shows the text instead)."""
+    try:
+        value = json.loads(text)
+    except RecursionError:
+        raise ValueError("nested too deeply to parse here") from None
     if _SURROGATE_ESCAPE.search(text) or _SURROGATE.search(text):
         try:
             return readable(value)
