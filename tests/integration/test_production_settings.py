@@ -124,3 +124,18 @@ def test_the_worker_applies_its_own_connection_lifetime(tenant: Any) -> None:
     finally:
         connections.settings["default"]["CONN_MAX_AGE"] = before
         connections["default"].settings_dict["CONN_MAX_AGE"] = before
+
+
+@pytest.mark.django_db(transaction=True)
+def test_the_https_redirect_leaves_the_probes_alone(tenant: Any) -> None:
+    from django.test import Client, override_settings
+
+    with override_settings(SECURE_SSL_REDIRECT=True):
+        client = Client()
+        assert client.get("/healthz").status_code == 200
+        assert client.get("/metrics").status_code == 200
+        redirected = client.get("/api/v1/workflows")
+        assert redirected.status_code == 301
+        assert redirected["Location"] == "https://testserver/api/v1/workflows"
+        secure = client.get("/api/v1/workflows", secure=True)
+        assert secure.status_code == 401  # served (no key), not redirected
