@@ -43,3 +43,9 @@ else:
 
 # Waits re-check quickly in tests that rely on it; most tests wake runs explicitly.
 CLEAT_WAIT_RECHECK_SECONDS = 300.0
+
+# The suite runs web requests and workers in one process, and its worker threads end with
+# each test: they keep no connection beyond a segment (PostgreSQL's driver warns about a
+# connection dropped open), so `runworker` in a test keeps the database's CONN_MAX_AGE. The
+# worker's production default is checked on the real settings, in a separate process.
+CLEAT_WORKER_CONN_MAX_AGE = DATABASES["default"].get("CONN_MAX_AGE", 0)

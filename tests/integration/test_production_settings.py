@@ -13,9 +13,9 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from django.conf import settings
 from django.core.management import call_command
 from django.db import connections
+from django.test import override_settings
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -96,7 +96,8 @@ for t in threads:
     t.start()
 for t in threads:
     t.join()
-print(connection.settings_dict["CONN_MAX_AGE"], sum(held))
+from django.conf import settings
+print(connection.settings_dict["CONN_MAX_AGE"], sum(held), settings.CLEAT_WORKER_CONN_MAX_AGE)
 """
 
 
@@ -107,20 +108,32 @@ def test_the_web_process_holds_no_connection_between_requests(tmp_path: Path) ->
     assert _run(["manage.py", "migrate", "-v0"], env).returncode == 0
     done = _run(["-c", WEB_REQUESTS], env)
     assert done.returncode == 0, done.stderr
-    assert done.stdout.split() == ["0", "0"]  # CONN_MAX_AGE 0; no thread holds a connection
+    # CONN_MAX_AGE 0: no thread holds a connection; the worker's own lifetime is 60 s.
+    assert done.stdout.split() == ["0", "0", "60"]
     kept = _run(["-c", WEB_REQUESTS], {**env, "CONN_MAX_AGE": "60"})
-    assert kept.stdout.split() == ["60", "8"]  # what the old default did
+    assert kept.stdout.split() == ["60", "8", "60"]  # what the old default did
 
 
 @pytest.mark.django_db(transaction=True)
-def test_the_worker_applies_its_own_connection_lifetime(tenant: Any) -> None:
+def test_the_worker_applies_its_own_connection_lifetime(
+    tenant: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """runworker (and runscheduler) switch to CLEAT_WORKER_CONN_MAX_AGE before they connect;
+    the settings dict is the one the worker's threads open their connections from."""
+    from workflows.management.commands import _common, runworker
+
+    applied: list[bool] = []
+    monkeypatch.setattr(runworker, "use_worker_connection_age", lambda: applied.append(True))
+    call_command("runworker", "--burst", stdout=io.StringIO())
+    assert applied == [True]
+
     before = connections["default"].settings_dict["CONN_MAX_AGE"]
-    assert before == 0
     try:
-        call_command("runworker", "--burst", stdout=io.StringIO())
-        assert connections.settings["default"]["CONN_MAX_AGE"] == 60
-        assert connections["default"].settings_dict["CONN_MAX_AGE"] == 60
-        assert settings.CLEAT_WORKER_CONN_MAX_AGE == 60
+        connections["default"].settings_dict["CONN_MAX_AGE"] = 0  # the web's default
+        with override_settings(CLEAT_WORKER_CONN_MAX_AGE=45):
+            _common.use_worker_connection_age()
+        assert connections.settings["default"]["CONN_MAX_AGE"] == 45
+        assert connections["default"].settings_dict["CONN_MAX_AGE"] == 45
     finally:
         connections.settings["default"]["CONN_MAX_AGE"] = before
         connections["default"].settings_dict["CONN_MAX_AGE"] = before
@@ -128,7 +141,7 @@ def test_the_worker_applies_its_own_connection_lifetime(tenant: Any) -> None:
 
 @pytest.mark.django_db(transaction=True)
 def test_the_https_redirect_leaves_the_probes_alone(tenant: Any) -> None:
-    from django.test import Client, override_settings
+    from django.test import Client
 
     with override_settings(SECURE_SSL_REDIRECT=True):
         client = Client()

@@ -74,5 +74,7 @@ def use_worker_connection_age() -> None:
     segment; the settings dict is shared with the connections its threads open later."""
     age = int(getattr(settings, "CLEAT_WORKER_CONN_MAX_AGE", 60))
     for alias in connections:
-        connections[alias].settings_dict["CONN_MAX_AGE"] = age
         connections.settings[alias]["CONN_MAX_AGE"] = age
+        connections[alias].settings_dict["CONN_MAX_AGE"] = age
+    # A connection already open carries the lifetime it was opened with: reopen under the new.
+    connections.close_all()
