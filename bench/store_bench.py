@@ -180,8 +180,9 @@ class Cleat:
         django.setup()
         import wasmtime
 
+        from workflows.definitions import deploy_definition
         from workflows.models import DEFAULT_TENANT_ID
-        from workflows.services import deploy_definition, get_tenant
+        from workflows.services import get_tenant
 
         self.tenant = get_tenant(str(DEFAULT_TENANT_ID))
         deploy_definition(self.tenant, "bench_steps", wasmtime.wat2wasm(STEPS_WAT))

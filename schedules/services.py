@@ -21,6 +21,7 @@ from django.utils import timezone as dj_timezone
 from schedules.cron import CronError, CronSchedule, compile_cron
 from schedules.models import MisfirePolicy, OverlapPolicy, Schedule
 from schedules.scheduler import Delivery, append_note, deliver
+from workflows.definitions import resolve_definition
 from workflows.models import AuditLog, Tenant, name_validator
 from workflows.services import (
     Conflict,
@@ -28,7 +29,6 @@ from workflows.services import (
     NotFound,
     ServiceError,
     json_text,
-    resolve_definition,
 )
 from workflows.tenancy import tenant_context
 

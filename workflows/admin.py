@@ -2,7 +2,7 @@
 
 Histories are read-only and nothing here writes rows directly: run actions go through
 ``workflows.services`` (``console/actions.py``), definition changes through
-``workflows.services.deploy_definition`` and ``workflows.definitions``. Every queryset is
+``workflows.definitions``. Every queryset is
 scoped to the request's tenant (``request.cleat_tenant``, set by the tenant middleware): on
 PostgreSQL row-level security enforces it as well, on the other backends this scoping is
 the only fence, so list filters read their choices through it too.

@@ -1,10 +1,10 @@
-"""Managing deployed versions: deprecate, restore, purge, tags, weighted routing, version
-garbage collection and stale-version alerts (the reference's version handler,
-``GarbageCollectVersions`` and ``CheckStaleVersions``).
+"""Workflow definitions: deploy and resolve, and managing deployed versions: deprecate,
+restore, purge, tags, weighted routing, version garbage collection and stale-version alerts
+(the reference's version handler, ``GarbageCollectVersions`` and ``CheckStaleVersions``).
 
-Like ``workflows.services`` (which deploys and resolves definitions), every function takes
-the tenant explicitly, runs in its tenant context, writes the audit row in the same
-transaction as the change, and raises :class:`~workflows.services.ServiceError` subclasses.
+Like ``workflows.services``, every function takes the tenant explicitly, runs in its tenant
+context, writes the audit row in the same transaction as the change, and raises
+:class:`~workflows.services.ServiceError` subclasses.
 
 A version's runs keep a protected foreign key to it, so a purge deletes the version together
 with its *finished* runs (and their histories); it is refused while any run of the version is
@@ -15,12 +15,15 @@ deprecate-then-purge order gives one last look before anything is deleted.
 from __future__ import annotations
 
 import math
+import random
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
+from typing import Any
 
-from django.db.models import Count, Q, QuerySet
+from django.db.models import Count, Max, Q, QuerySet
 
+from engine.errors import InvalidModule
 from workflows.models import (
     ACTIVE_STATUSES,
     AuditLog,
@@ -47,6 +50,109 @@ def _check_name(value: str, field_name: str) -> None:
         raise InvalidInput(
             f"{field_name} {value!r} is not a valid name: {name_validator.message}", field_name
         ) from None
+
+
+# --- deploy and resolve ------------------------------------------------------------------------
+
+
+def deploy_definition(
+    tenant: Tenant,
+    name: str,
+    wasm: bytes,
+    *,
+    version: int | None = None,
+    min_version: int = 0,
+    max_history_length: int = 0,
+    retry_max_attempts: int | None = None,
+) -> WorkflowDefinition:
+    """Validate ``wasm`` with wasmtime (refused with its reason) and store it as the next
+    version of ``name`` (or as ``version``)."""
+    from workflows.executor import get_runtime
+
+    _check_name(name, "name")
+    if not wasm:
+        raise InvalidInput("the module is empty", "wasm")
+    try:
+        info = get_runtime().inspect(bytes(wasm))
+    except InvalidModule as exc:
+        raise InvalidInput(str(exc), "wasm") from None
+    if version is not None and version < 1:
+        raise InvalidInput("version must be a positive integer", "version")
+    _check_packet_size(len(wasm))
+    with tenant_context(tenant.id):
+        existing = WorkflowDefinition.objects.filter(tenant_id=tenant.id, name=name)
+        if version is None:
+            version = (existing.aggregate(v=Max("version"))["v"] or 0) + 1
+        elif existing.filter(version=version).exists():
+            raise Conflict(f"{name} version {version} is already deployed", "version")
+        fields: dict[str, Any] = {}
+        if retry_max_attempts is not None:
+            fields["retry_max_attempts"] = retry_max_attempts
+        return WorkflowDefinition.objects.create(
+            tenant=tenant,
+            name=name,
+            version=version,
+            wasm=bytes(wasm),
+            sha256=info.sha256,
+            size=info.size,
+            kind=info.kind,
+            abi_version=info.abi_version,
+            min_version=min_version,
+            entry_points=list(info.entry_points),
+            max_history_length=max_history_length,
+            **fields,
+        )
+
+
+def _check_packet_size(size: int) -> None:
+    """MySQL/MariaDB refuse a statement larger than ``max_allowed_packet`` by dropping the
+    connection ("server has gone away"); say so before trying. Python components are ~20 MB."""
+    from django.db import connection
+
+    if connection.vendor != "mysql":
+        return
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT @@max_allowed_packet")
+        limit = int(cursor.fetchone()[0])
+    if size + 1024 * 1024 > limit:
+        raise InvalidInput(
+            f"the module is {size} bytes but the database accepts statements up to {limit} "
+            "bytes: raise MariaDB/MySQL max_allowed_packet (e.g. to 256M)",
+            "wasm",
+        )
+
+
+def resolve_definition(
+    tenant: Tenant, name: str, *, version: int | None = None, tag: str | None = None
+) -> WorkflowDefinition:
+    """Explicit version, else a tag, else weighted routing rules, else the latest
+    non-deprecated version."""
+    defs = WorkflowDefinition.objects.filter(tenant_id=tenant.id, name=name).defer("wasm")
+    if not defs.exists():
+        raise NotFound(f"no workflow definition named {name!r}", field="definition")
+    if version is not None:
+        found = defs.filter(version=version).first()
+        if found is None:
+            raise NotFound(f"{name} has no version {version}", field="version")
+        return found
+    if tag:
+        pinned = VersionTag.objects.filter(tenant_id=tenant.id, name=name, tag=tag).first()
+        if pinned is None:
+            raise NotFound(f"{name} has no tag {tag!r}", field="tag")
+        return resolve_definition(tenant, name, version=pinned.version)
+    rules = list(RoutingRule.objects.filter(tenant_id=tenant.id, name=name, weight__gt=0))
+    if rules:
+        chosen = random.choices(rules, weights=[r.weight for r in rules])[0]
+        found = defs.filter(version=chosen.version).first()
+        if found is not None:
+            return found
+    latest = defs.filter(deprecated=False).order_by("-version").first()
+    if latest is None:
+        raise NotFound(f"every version of {name} is deprecated", field="definition")
+    return latest
+
+
+# --- one version ---------------------------------------------------------------------------------
 
 
 def get_definition(tenant: Tenant, name: str, version: int) -> WorkflowDefinition:

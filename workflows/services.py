@@ -9,31 +9,26 @@ to, and (for bad input) the offending ``field``.
 from __future__ import annotations
 
 import json
-import random
 import time
 import uuid
 from typing import Any
 
 from django.db import IntegrityError, transaction
-from django.db.models import F, Max
+from django.db.models import F
 from django.utils import timezone
 
-from engine.errors import ErrorCode, InvalidModule
+from engine.errors import ErrorCode
 from engine.events import AdminActionEvent, encode
 from workflows.models import (
     TERMINAL_STATUSES,
     AuditLog,
     Promise,
-    RoutingRule,
     Signal,
     Status,
     Tenant,
     UpdateRequest,
-    VersionTag,
-    WorkflowDefinition,
     WorkflowEvent,
     WorkflowInstance,
-    name_validator,
 )
 from workflows.store import wake
 from workflows.store.lifecycle import close_instance, forget_failed_call, terminate_instance
@@ -117,15 +112,6 @@ def json_text(value: Any, field: str) -> str:
     return text
 
 
-def _validate_name(value: str, field: str) -> None:
-    try:
-        name_validator(value)
-    except Exception:
-        raise InvalidInput(
-            f"{field} {value!r} is not a valid name: {name_validator.message}", field
-        ) from None
-
-
 def get_instance(
     tenant: Tenant, run_id: str | uuid.UUID, *, lock: bool = False
 ) -> WorkflowInstance:
@@ -140,106 +126,6 @@ def get_instance(
     if found is None:
         raise NotFound(f"no workflow run {run_id}", field="run_id")
     return found
-
-
-# --- definitions ---------------------------------------------------------------------------------
-
-
-def deploy_definition(
-    tenant: Tenant,
-    name: str,
-    wasm: bytes,
-    *,
-    version: int | None = None,
-    min_version: int = 0,
-    max_history_length: int = 0,
-    retry_max_attempts: int | None = None,
-) -> WorkflowDefinition:
-    """Validate ``wasm`` with wasmtime (refused with its reason) and store it as the next
-    version of ``name`` (or as ``version``)."""
-    from workflows.executor import get_runtime
-
-    _validate_name(name, "name")
-    if not wasm:
-        raise InvalidInput("the module is empty", "wasm")
-    try:
-        info = get_runtime().inspect(bytes(wasm))
-    except InvalidModule as exc:
-        raise InvalidInput(str(exc), "wasm") from None
-    if version is not None and version < 1:
-        raise InvalidInput("version must be a positive integer", "version")
-    _check_packet_size(len(wasm))
-    with tenant_context(tenant.id):
-        existing = WorkflowDefinition.objects.filter(tenant_id=tenant.id, name=name)
-        if version is None:
-            version = (existing.aggregate(v=Max("version"))["v"] or 0) + 1
-        elif existing.filter(version=version).exists():
-            raise Conflict(f"{name} version {version} is already deployed", "version")
-        fields: dict[str, Any] = {}
-        if retry_max_attempts is not None:
-            fields["retry_max_attempts"] = retry_max_attempts
-        return WorkflowDefinition.objects.create(
-            tenant=tenant,
-            name=name,
-            version=version,
-            wasm=bytes(wasm),
-            sha256=info.sha256,
-            size=info.size,
-            kind=info.kind,
-            abi_version=info.abi_version,
-            min_version=min_version,
-            entry_points=list(info.entry_points),
-            max_history_length=max_history_length,
-            **fields,
-        )
-
-
-def _check_packet_size(size: int) -> None:
-    """MySQL/MariaDB refuse a statement larger than ``max_allowed_packet`` by dropping the
-    connection ("server has gone away"); say so before trying. Python components are ~20 MB."""
-    from django.db import connection
-
-    if connection.vendor != "mysql":
-        return
-    with connection.cursor() as cursor:
-        cursor.execute("SELECT @@max_allowed_packet")
-        limit = int(cursor.fetchone()[0])
-    if size + 1024 * 1024 > limit:
-        raise InvalidInput(
-            f"the module is {size} bytes but the database accepts statements up to {limit} "
-            "bytes: raise MariaDB/MySQL max_allowed_packet (e.g. to 256M)",
-            "wasm",
-        )
-
-
-def resolve_definition(
-    tenant: Tenant, name: str, *, version: int | None = None, tag: str | None = None
-) -> WorkflowDefinition:
-    """Explicit version, else a tag, else weighted routing rules, else the latest
-    non-deprecated version."""
-    defs = WorkflowDefinition.objects.filter(tenant_id=tenant.id, name=name).defer("wasm")
-    if not defs.exists():
-        raise NotFound(f"no workflow definition named {name!r}", field="definition")
-    if version is not None:
-        found = defs.filter(version=version).first()
-        if found is None:
-            raise NotFound(f"{name} has no version {version}", field="version")
-        return found
-    if tag:
-        pinned = VersionTag.objects.filter(tenant_id=tenant.id, name=name, tag=tag).first()
-        if pinned is None:
-            raise NotFound(f"{name} has no tag {tag!r}", field="tag")
-        return resolve_definition(tenant, name, version=pinned.version)
-    rules = list(RoutingRule.objects.filter(tenant_id=tenant.id, name=name, weight__gt=0))
-    if rules:
-        chosen = random.choices(rules, weights=[r.weight for r in rules])[0]
-        found = defs.filter(version=chosen.version).first()
-        if found is not None:
-            return found
-    latest = defs.filter(deprecated=False).order_by("-version").first()
-    if latest is None:
-        raise NotFound(f"every version of {name} is deprecated", field="definition")
-    return latest
 
 
 # --- runs ---
@@ -266,6 +152,9 @@ def start_workflow(
         raise InvalidInput("task_queue must be 1-64 characters", "task_queue")
     if workflow_id is not None and not (0 < len(workflow_id) <= 128):
         raise InvalidInput("workflow_id must be 1-128 characters", "workflow_id")
+    # Imported here: definitions raises this module's errors, so it imports this module.
+    from workflows.definitions import resolve_definition
+
     with tenant_context(tenant.id):
         if idempotency_key:
             existing = WorkflowInstance.objects.filter(

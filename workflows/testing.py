@@ -18,6 +18,7 @@ from engine.events import EncodedEvent, Event, decode
 from engine.services import Services
 from engine.testing import RecordingCaller
 from workflows import services as svc
+from workflows.definitions import deploy_definition
 from workflows.executor import execute_claim, set_services
 from workflows.models import Tenant, WorkflowEvent, WorkflowInstance, instance_summary
 from workflows.store.lifecycle import claim_ready_instances
@@ -62,7 +63,7 @@ class DatabaseWorkflowEnvironment:
     # --- definitions and runs ----------------------------------------------------------------
 
     def deploy(self, name: str, wasm: bytes, version: int | None = None) -> int:
-        return svc.deploy_definition(self.tenant, name, wasm, version=version).version
+        return deploy_definition(self.tenant, name, wasm, version=version).version
 
     def start(self, name: str, input: Any = None, *, version: int | None = None, **kw: Any) -> str:
         text = input if isinstance(input, str) else json.dumps(input)

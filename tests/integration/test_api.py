@@ -31,7 +31,7 @@ from tests.integration.test_api_support import (
     signal_waiter,
     updatable,
 )
-from workflows import services
+from workflows import definitions, services
 from workflows.api.keys import revoke_api_key
 from workflows.models import ApiKey, AuditLog, Role, Tenant, WorkflowDefinition
 from workflows.tenancy import tenant_context
@@ -145,8 +145,8 @@ def test_audit_names_the_key(tenant: Tenant, deployed: Api) -> None:
 def test_staff_users_use_the_browsable_api_in_their_session_tenant(
     tenant: Tenant, other_tenant: Tenant, env: DatabaseWorkflowEnvironment
 ) -> None:
-    services.deploy_definition(tenant, "waiter", signal_waiter())
-    services.deploy_definition(other_tenant, "waiter", signal_waiter())
+    definitions.deploy_definition(tenant, "waiter", signal_waiter())
+    definitions.deploy_definition(other_tenant, "waiter", signal_waiter())
     mine, _ = services.start_workflow(tenant, "waiter")
     theirs, _ = services.start_workflow(other_tenant, "waiter")
     user = get_user_model().objects.create_superuser("op", "op@example.com", "pw-12345678")
@@ -180,7 +180,7 @@ def test_bound_staff_users_get_their_tenant_and_their_console_role(
 
     from workflows.models import StaffTenant
 
-    services.deploy_definition(other_tenant, "waiter", signal_waiter())
+    definitions.deploy_definition(other_tenant, "waiter", signal_waiter())
     theirs, _ = services.start_workflow(other_tenant, "waiter")
     staff = get_user_model().objects.create_user("bound", "b@example.com", "pw", is_staff=True)
     StaffTenant.objects.create(user=staff, tenant=other_tenant)

@@ -33,6 +33,7 @@ from engine.storage import RunRef
 from schedules.models import Schedule
 from schedules.rls import SCHEDULE_TABLES
 from tests.fixtures.wat import Wat
+from workflows import definitions
 from workflows import services as svc
 from workflows.models import (
     ApiKey,
@@ -342,7 +343,7 @@ def test_the_store_and_services_of_one_tenant_reach_nothing_of_another(
     """Through the real code paths as the application role: B's run is NotFound for A's
     services, A's storage reads nothing of it, and even an unfiltered ORM query in A's
     context does not find it."""
-    svc.deploy_definition(other_tenant, "job", note_wasm("b"))
+    definitions.deploy_definition(other_tenant, "job", note_wasm("b"))
     b_run, _ = svc.start_workflow(other_tenant, "job")
     svc.signal_workflow(other_tenant, str(b_run.id), "go", {"n": 1})
     with tenant_context(tenant.id):
@@ -457,7 +458,7 @@ def test_the_claim_crosses_tenants_and_nothing_else_does(tenant: Tenant, other_t
     finds the next due run across both tenants -- through the definer functions -- yet a
     plain query still raises and A's context still shows only A's runs."""
     for t, runs in ((tenant, 2), (other_tenant, 1)):
-        svc.deploy_definition(t, "job", note_wasm(t.name))
+        definitions.deploy_definition(t, "job", note_wasm(t.name))
         for _ in range(runs):
             svc.start_workflow(t, "job")
     now = timezone.now() + timedelta(seconds=1)

@@ -21,6 +21,7 @@ from django.utils import timezone
 
 from engine.events import AdminActionEvent, EventType
 from tests.fixtures.wat import INPUT, Wat
+from workflows import definitions
 from workflows import services as svc
 from workflows.models import (
     AuditLog,
@@ -176,43 +177,43 @@ INVALID: dict[str, tuple[Call, type[svc.ServiceError], str, str]] = {
         "has no entry point 'nope' (it exports: run)",
     ),
     "definition name with a space": (
-        lambda t, r: svc.deploy_definition(t, "my flow", note("x")),
+        lambda t, r: definitions.deploy_definition(t, "my flow", note("x")),
         svc.InvalidInput,
         "name",
         "name 'my flow' is not a valid name",
     ),
     "definition name empty": (
-        lambda t, r: svc.deploy_definition(t, "", note("x")),
+        lambda t, r: definitions.deploy_definition(t, "", note("x")),
         svc.InvalidInput,
         "name",
         "is not a valid name",
     ),
     "definition name starting with a dash": (
-        lambda t, r: svc.deploy_definition(t, "-flow", note("x")),
+        lambda t, r: definitions.deploy_definition(t, "-flow", note("x")),
         svc.InvalidInput,
         "name",
         "starting with a letter or digit",
     ),
     "definition name too long": (
-        lambda t, r: svc.deploy_definition(t, "n" * 129, note("x")),
+        lambda t, r: definitions.deploy_definition(t, "n" * 129, note("x")),
         svc.InvalidInput,
         "name",
         "is not a valid name",
     ),
     "empty module": (
-        lambda t, r: svc.deploy_definition(t, "flow", b""),
+        lambda t, r: definitions.deploy_definition(t, "flow", b""),
         svc.InvalidInput,
         "wasm",
         "the module is empty",
     ),
     "invalid module": (
-        lambda t, r: svc.deploy_definition(t, "flow", b"\0asm\x01\0\0\0\x05"),
+        lambda t, r: definitions.deploy_definition(t, "flow", b"\0asm\x01\0\0\0\x05"),
         svc.InvalidInput,
         "wasm",
         "failed to parse WebAssembly module",
     ),
     "version zero": (
-        lambda t, r: svc.deploy_definition(t, "flow", note("x"), version=0),
+        lambda t, r: definitions.deploy_definition(t, "flow", note("x"), version=0),
         svc.InvalidInput,
         "version",
         "version must be a positive integer",
@@ -709,11 +710,11 @@ def test_weighted_routing_splits_starts(
 ) -> None:
     """Rules weighted 1:3 over v1 and v2 (v3 at weight 0 never chosen): with a seeded
     generator, 200 resolutions split about 25/75."""
-    monkeypatch.setattr(svc, "random", random.Random(20260101))
+    monkeypatch.setattr(definitions, "random", random.Random(20260101))
     with tenant_context(tenant.id):
         for version, weight in ((1, 1.0), (2, 3.0), (3, 0.0)):
             RoutingRule.objects.create(tenant=tenant, name=versions, version=version, weight=weight)
-        chosen = [svc.resolve_definition(tenant, versions).version for _ in range(200)]
+        chosen = [definitions.resolve_definition(tenant, versions).version for _ in range(200)]
     counts = {v: chosen.count(v) for v in (1, 2, 3)}
     assert counts[3] == 0
     assert 25 <= counts[1] <= 75, counts
@@ -817,7 +818,8 @@ def test_a_module_over_the_databases_statement_limit_is_refused_with_advice(tena
     module that would not fit, naming the setting. Other databases have no such limit."""
     from django.db import connection
 
-    from workflows.services import InvalidInput, _check_packet_size
+    from workflows.definitions import _check_packet_size
+    from workflows.services import InvalidInput
 
     huge = 10**10
     if connection.vendor == "mysql":

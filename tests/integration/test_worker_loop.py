@@ -30,7 +30,7 @@ from engine.services import Services
 from tests.fixtures import FakeService
 from tests.fixtures.wat import Wat
 from tests.integration.support.processes import command_env, manage
-from workflows import services, worker
+from workflows import definitions, services, worker
 from workflows.executor import set_services
 from workflows.models import Status, Tenant, WorkflowDefinition, WorkflowInstance
 from workflows.tenancy import tenant_context
@@ -126,9 +126,9 @@ def test_trapping_and_failing_workflows_do_not_stop_the_loop(
 ) -> None:
     """A guest trap and an entry point returning PERMANENT fail their own runs (with their
     codes); the runs queued around them complete."""
-    services.deploy_definition(tenant, "good", call_once())
-    services.deploy_definition(tenant, "trap", traps(), retry_max_attempts=1)
-    services.deploy_definition(tenant, "refuse", fails_permanently())
+    definitions.deploy_definition(tenant, "good", call_once())
+    definitions.deploy_definition(tenant, "trap", traps(), retry_max_attempts=1)
+    definitions.deploy_definition(tenant, "refuse", fails_permanently())
     before = start(tenant, "good", {"n": 1})
     trapped = start(tenant, "trap")
     refused = start(tenant, "refuse")
@@ -152,8 +152,8 @@ def test_garbage_module_bytes_fail_that_run_without_stopping_the_loop(
 ) -> None:
     """A definition row whose stored bytes were corrupted after deployment (and so are in
     no module cache) fails its run with ``invalid_module``; other runs complete."""
-    services.deploy_definition(tenant, "victim", call_once())
-    services.deploy_definition(tenant, "good", fails_permanently())
+    definitions.deploy_definition(tenant, "victim", call_once())
+    definitions.deploy_definition(tenant, "good", fails_permanently())
     garbage = b"\x00asm\x01\x00\x00\x00 this is not a module"
     with tenant_context(tenant.id):
         WorkflowDefinition.objects.filter(tenant_id=tenant.id, name="victim").update(
@@ -183,7 +183,7 @@ def test_a_database_error_in_the_loop_is_logged_and_the_loop_recovers(
         return real_claim(*args, **kw)
 
     monkeypatch.setattr(worker, "claim_ready_instances", flaky_claim)
-    services.deploy_definition(tenant, "good", call_once())
+    definitions.deploy_definition(tenant, "good", call_once())
     run = start(tenant, "good", {"n": 7})
     errors_before = REGISTRY.get_sample_value("cleat_worker_loop_errors_total") or 0.0
 
@@ -210,7 +210,7 @@ def test_stop_while_a_segment_runs_lets_it_finish_then_exits(tenant: Tenant) -> 
 
     set_services(Services.from_settings({"svc": FakeService({"echo": slow})}))
     try:
-        services.deploy_definition(tenant, "good", call_once())
+        definitions.deploy_definition(tenant, "good", call_once())
         first = start(tenant, "good", {"n": 1})
         second = start(tenant, "good", {"n": 2})
         w = Worker(options(concurrency=1, burst=False))
@@ -237,7 +237,7 @@ def test_stop_while_a_segment_runs_lets_it_finish_then_exits(tenant: Tenant) -> 
 def test_runworker_burst_exits_zero_when_nothing_is_due(tenant: Tenant) -> None:
     """Nothing due (one run due in an hour, one on a queue the worker does not serve): the
     burst worker exits 0 at once and touches neither."""
-    services.deploy_definition(tenant, "good", call_once())
+    definitions.deploy_definition(tenant, "good", call_once())
     later = start(tenant, "good")
     with tenant_context(tenant.id):
         WorkflowInstance.objects.filter(id=later).update(
@@ -329,7 +329,7 @@ def status_of(tenant: Tenant, run_id: str) -> str:
 def test_a_notify_wakes_an_idle_worker_long_before_its_poll_interval(tenant: Tenant) -> None:
     set_services(Services.from_settings({"svc": FakeService({"echo": {"ok": True}})}))
     try:
-        services.deploy_definition(tenant, "fast", call_op("echo"))
+        definitions.deploy_definition(tenant, "fast", call_op("echo"))
         with listening_worker():
             run = start(tenant, "fast", {"n": 1})
             wait_for(lambda: status_of(tenant, run) == Status.DONE, WAKE_BOUND_S, "done")
@@ -351,8 +351,8 @@ def test_a_run_started_while_a_segment_runs_is_claimed_at_once(tenant: Tenant) -
 
     set_services(Services.from_settings({"svc": FakeService({"slow": slow, "echo": {"ok": True}})}))
     try:
-        services.deploy_definition(tenant, "slow", call_op("slow"))
-        services.deploy_definition(tenant, "fast", call_op("echo"))
+        definitions.deploy_definition(tenant, "slow", call_op("slow"))
+        definitions.deploy_definition(tenant, "fast", call_op("echo"))
         with listening_worker(concurrency=2):
             blocked = start(tenant, "slow", {"n": 1})
             assert entered.wait(timeout=WAKE_BOUND_S), "the slow segment never started"
@@ -378,7 +378,7 @@ def test_the_listener_reconnects_and_catches_up_with_what_it_missed(
     monkeypatch.setattr(worker._PgListener, "BACKOFF_S", (2.0, 30.0))
     set_services(Services.from_settings({"svc": FakeService({"echo": {"ok": True}})}))
     try:
-        services.deploy_definition(tenant, "fast", call_op("echo"))
+        definitions.deploy_definition(tenant, "fast", call_op("echo"))
         with listening_worker() as w:
             listener = w._listener
             assert listener is not None
@@ -404,7 +404,7 @@ def test_a_segment_whose_idle_connection_died_reads_again_on_a_new_one(
     from workflows.executor import execute_claim
     from workflows.store.lifecycle import claim_ready_instances
 
-    services.deploy_definition(tenant, "good", call_once())
+    definitions.deploy_definition(tenant, "good", call_once())
     run = start(tenant, "good", {"n": 3})
     [claim] = claim_ready_instances("w-dead", ["default"], 1, timezone.now())
     connection.ensure_connection()
@@ -434,7 +434,7 @@ def test_the_worker_moves_what_is_alive_at_its_start_out_of_the_collectors_way(
     of milliseconds: the first worker of a process freezes them (``gc.freeze``)."""
     import gc
 
-    services.deploy_definition(tenant, "good", call_once())
+    definitions.deploy_definition(tenant, "good", call_once())
     run = start(tenant, "good", {"n": 1})
     assert run_burst() == 1
     assert gc.get_freeze_count() > 0

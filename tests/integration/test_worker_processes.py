@@ -28,7 +28,7 @@ from engine.events import CallEvent, EncodedEvent, decode, verify
 from tests.fixtures.wat import Wat
 from tests.integration.support.ledger import Ledger
 from tests.integration.support.processes import WorkerProcess, command_env, wait_until
-from workflows import services
+from workflows import definitions, services
 from workflows.models import Status, Tenant, WorkflowDefinition, WorkflowEvent, WorkflowInstance
 from workflows.tenancy import tenant_context
 
@@ -57,7 +57,7 @@ def ledger() -> Iterator[Ledger]:
 
 @pytest.fixture
 def deployed(tenant: Tenant) -> Tenant:
-    services.deploy_definition(tenant, "transfer", transfer())
+    definitions.deploy_definition(tenant, "transfer", transfer())
     return tenant
 
 

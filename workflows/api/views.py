@@ -262,7 +262,7 @@ class DefinitionViewSet(TenantViewSet):
                 raise PayloadTooLarge(f"The module is larger than {max_module_bytes()} bytes.")
             wasm = upload.read()
         name = options.pop("name")
-        definition = services.deploy_definition(self.tenant, name, wasm, **options)
+        definition = definitions.deploy_definition(self.tenant, name, wasm, **options)
         definition.active_runs = 0  # type: ignore[attr-defined]
         return Response(s.DefinitionSerializer(definition).data, status=status.HTTP_201_CREATED)
 

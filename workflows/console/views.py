@@ -586,7 +586,7 @@ def deploy_page(request: HttpRequest) -> HttpResponse:
     if request.method == "POST" and form.is_valid():
         data = form.cleaned_data
         try:
-            deployed = svc.deploy_definition(
+            deployed = defs.deploy_definition(
                 tenant,
                 data["name"],
                 data["wasm_bytes"],

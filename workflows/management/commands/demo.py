@@ -13,6 +13,7 @@ from django.core.management.base import BaseCommand, CommandParser
 from engine.services import Services
 from engine.testing import WorkflowEnvironment
 from workflows import services as svc
+from workflows.definitions import deploy_definition
 from workflows.demo import DEMO_WAT, charge, reserve
 from workflows.executor import get_services, set_services
 from workflows.models import DEFAULT_TENANT_ID, WorkflowDefinition
@@ -78,7 +79,7 @@ class Command(BaseCommand):
         import hashlib
 
         if latest is None or latest[0] != hashlib.sha256(wasm).hexdigest():
-            version = svc.deploy_definition(tenant, "demo-order", wasm).version
+            version = deploy_definition(tenant, "demo-order", wasm).version
             self.stdout.write(f"deployed demo-order version {version}")
         instance, _ = svc.start_workflow(tenant, "demo-order", {"customer": "ada"})
         run = str(instance.id)
