@@ -49,6 +49,7 @@ from engine.storage import (
     UpdateRequest,
     child_status,
 )
+from engine.versions import NoSuchVersion, choose_version
 
 TERMINAL = frozenset({"done", "failed", "dead_lettered", "terminated"})
 
@@ -464,19 +465,15 @@ class InMemoryStorage:
         raise RuntimeError(f"unrecognised mutation {m!r}")
 
     def _resolve_version(self, name: str, version: int, parent_version: int) -> int:
-        versions = self.definitions.get(name)
-        if not versions:
-            raise Refused(Status.NOT_FOUND, f"no workflow definition named {name!r}")
-        if version > 0:
-            if version not in versions:
-                raise Refused(Status.NOT_FOUND, f"{name!r} has no version {version}")
-            return version
-        if parent_version in versions:
-            return parent_version
-        live = [v for v, deprecated in versions.items() if not deprecated]
-        if not live:
-            raise Refused(Status.NOT_FOUND, f"every version of {name!r} is deprecated")
-        return max(live)
+        try:
+            return choose_version(
+                name,
+                self.definitions.get(name, {}),
+                version=version if version > 0 else None,
+                preferred=parent_version,
+            )
+        except NoSuchVersion as exc:
+            raise Refused(Status.NOT_FOUND, exc.message) from None
 
     def next_signal(
         self, run: RunRef, names: Sequence[str], exclude: Collection[str]

@@ -24,6 +24,7 @@ from typing import Any
 from django.db.models import Count, Max, Q, QuerySet
 
 from engine.errors import InvalidModule
+from engine.versions import NoSuchVersion, choose_version
 from workflows.models import (
     ACTIVE_STATUSES,
     AuditLog,
@@ -128,28 +129,23 @@ def resolve_definition(
     """Explicit version, else a tag, else weighted routing rules, else the latest
     non-deprecated version."""
     defs = WorkflowDefinition.objects.filter(tenant_id=tenant.id, name=name).defer("wasm")
-    if not defs.exists():
-        raise NotFound(f"no workflow definition named {name!r}", field="definition")
-    if version is not None:
-        found = defs.filter(version=version).first()
-        if found is None:
-            raise NotFound(f"{name} has no version {version}", field="version")
-        return found
-    if tag:
-        pinned = VersionTag.objects.filter(tenant_id=tenant.id, name=name, tag=tag).first()
-        if pinned is None:
-            raise NotFound(f"{name} has no tag {tag!r}", field="tag")
-        return resolve_definition(tenant, name, version=pinned.version)
-    rules = list(RoutingRule.objects.filter(tenant_id=tenant.id, name=name, weight__gt=0))
-    if rules:
-        chosen = random.choices(rules, weights=[r.weight for r in rules])[0]
-        found = defs.filter(version=chosen.version).first()
-        if found is not None:
-            return found
-    latest = defs.filter(deprecated=False).order_by("-version").first()
-    if latest is None:
-        raise NotFound(f"every version of {name} is deprecated", field="definition")
-    return latest
+    deployed = dict(defs.values_list("version", "deprecated"))
+    routed = 0
+    if deployed and version is None:
+        if tag:
+            pinned = VersionTag.objects.filter(tenant_id=tenant.id, name=name, tag=tag).first()
+            if pinned is None:
+                raise NotFound(f"{name} has no tag {tag!r}", field="tag")
+            version = pinned.version
+        else:
+            rules = list(RoutingRule.objects.filter(tenant_id=tenant.id, name=name, weight__gt=0))
+            if rules:
+                routed = random.choices(rules, weights=[r.weight for r in rules])[0].version
+    try:
+        chosen = choose_version(name, deployed, version=version, preferred=routed)
+    except NoSuchVersion as exc:
+        raise NotFound(exc.message, field=exc.field) from None
+    return defs.get(version=chosen)
 
 
 # --- one version ---------------------------------------------------------------------------------

@@ -46,6 +46,7 @@ from engine.storage import (
     UpdateRequest,
     child_status,
 )
+from engine.versions import NoSuchVersion, choose_version
 from workflows.models import (
     TERMINAL_STATUSES,
     ConcurrencyKey,
@@ -642,20 +643,18 @@ def resolve_child_definition(
     tenant: uuid.UUID, name: str, version: int, parent_version: int
 ) -> WorkflowDefinition:
     """Explicit version; else the parent's version when the child has it; else the newest
-    non-deprecated version whose min_version admits the parent's."""
+    non-deprecated version (:func:`engine.versions.choose_version`)."""
     defs = WorkflowDefinition.objects.filter(tenant_id=tenant, name=name).defer("wasm")
-    if version > 0:
-        found = defs.filter(version=version).first()
-        if found is None:
-            raise Refused(Status.NOT_FOUND, f"{name!r} has no version {version}")
-        return found
-    same = defs.filter(version=parent_version).first() if parent_version else None
-    if same is not None:
-        return same
-    latest = defs.filter(deprecated=False).order_by("-version").first()
-    if latest is None:
-        raise Refused(Status.NOT_FOUND, f"no workflow definition named {name!r}")
-    return latest
+    try:
+        chosen = choose_version(
+            name,
+            dict(defs.values_list("version", "deprecated")),
+            version=version if version > 0 else None,
+            preferred=parent_version,
+        )
+    except NoSuchVersion as exc:
+        raise Refused(Status.NOT_FOUND, exc.message) from None
+    return defs.get(version=chosen)
 
 
 def settle_promise(
