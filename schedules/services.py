@@ -101,12 +101,14 @@ def _audit(
     tenant: Tenant, schedule: Schedule, action: str, operator: str, reason: str = "", **more: Any
 ) -> None:
     """An audit row for a change to a schedule, in the caller's transaction."""
-    AuditLog.objects.create(
-        tenant=tenant,
-        action=f"schedule_{action}",
-        operator=operator,
-        reason=reason,
-        detail={"schedule": schedule.name, "schedule_id": str(schedule.id), **more},
+    AuditLog.record(
+        tenant,
+        f"schedule_{action}",
+        operator,
+        reason,
+        schedule=schedule.name,
+        schedule_id=str(schedule.id),
+        **more,
     )
 
 

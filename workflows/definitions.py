@@ -181,12 +181,6 @@ def active_runs(tenant: Tenant, definition: WorkflowDefinition) -> int:
     ).count()
 
 
-def _audit(tenant: Tenant, action: str, operator: str, reason: str, **detail: object) -> None:
-    AuditLog.objects.create(
-        tenant=tenant, action=action, operator=operator, reason=reason, detail=detail
-    )
-
-
 # --- deprecate / restore / purge -----------------------------------------------------------------
 
 
@@ -199,7 +193,9 @@ def deprecate_definition(
         if not definition.deprecated:
             WorkflowDefinition.objects.filter(id=definition.id).update(deprecated=True)
             definition.deprecated = True
-            _audit(tenant, "deprecate_definition", operator, reason, name=name, version=version)
+            AuditLog.record(
+                tenant, "deprecate_definition", operator, reason, name=name, version=version
+            )
     return definition
 
 
@@ -211,7 +207,9 @@ def restore_definition(
         if definition.deprecated:
             WorkflowDefinition.objects.filter(id=definition.id).update(deprecated=False)
             definition.deprecated = False
-            _audit(tenant, "restore_definition", operator, reason, name=name, version=version)
+            AuditLog.record(
+                tenant, "restore_definition", operator, reason, name=name, version=version
+            )
     return definition
 
 
@@ -250,7 +248,7 @@ def _purge(
     VersionTag.objects.filter(tenant_id=tenant.id, name=name, version=version).delete()
     RoutingRule.objects.filter(tenant_id=tenant.id, name=name, version=version).delete()
     WorkflowDefinition.objects.filter(id=definition.id).delete()
-    _audit(
+    AuditLog.record(
         tenant,
         "purge_definition",
         operator,
@@ -281,7 +279,7 @@ def set_tag(tenant: Tenant, name: str, tag: str, version: int, operator: str = "
         pinned, _ = VersionTag.objects.update_or_create(
             tenant=tenant, name=name, tag=tag, defaults={"version": version}
         )
-        _audit(tenant, "set_tag", operator, "", name=name, tag=tag, version=version)
+        AuditLog.record(tenant, "set_tag", operator, "", name=name, tag=tag, version=version)
     return pinned
 
 
@@ -290,7 +288,7 @@ def remove_tag(tenant: Tenant, name: str, tag: str, operator: str = "api") -> No
         deleted, _ = VersionTag.objects.filter(tenant_id=tenant.id, name=name, tag=tag).delete()
         if not deleted:
             raise NotFound(f"{name} has no tag {tag!r}", "tag")
-        _audit(tenant, "remove_tag", operator, "", name=name, tag=tag)
+        AuditLog.record(tenant, "remove_tag", operator, "", name=name, tag=tag)
 
 
 def resolve_tag(tenant: Tenant, name: str, tag: str) -> WorkflowDefinition:
@@ -347,7 +345,7 @@ def set_routing_rules(
             RoutingRule.objects.create(tenant=tenant, name=name, version=version, weight=weight)
             for version, weight in rules
         ]
-        _audit(
+        AuditLog.record(
             tenant,
             "set_routing_rules",
             operator,

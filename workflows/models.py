@@ -439,6 +439,28 @@ class AuditLog(TenantScoped):
     def __str__(self) -> str:
         return f"{self.action} by {self.operator}"
 
+    @classmethod
+    def record(
+        cls,
+        tenant: Tenant,
+        action: str,
+        operator: str,
+        reason: str = "",
+        *,
+        instance: WorkflowInstance | None = None,
+        **detail: Any,
+    ) -> AuditLog:
+        """The audit row of a change, written in the caller's transaction so that it exists
+        exactly when the change does."""
+        return cls.objects.create(
+            tenant=tenant,
+            instance=instance,
+            action=action,
+            operator=operator,
+            reason=reason,
+            detail=detail,
+        )
+
 
 def instance_summary(instance: WorkflowInstance) -> dict[str, Any]:
     """The JSON shape of an instance shared by commands and the API."""

@@ -221,14 +221,7 @@ def signal_workflow(
             tenant=tenant, instance=instance, name=name, payload=text, sender=operator or "api"
         )
         if operator is not None:
-            AuditLog.objects.create(
-                tenant=tenant,
-                instance=instance,
-                action="signal",
-                operator=operator,
-                reason=reason,
-                detail={"name": name},
-            )
+            AuditLog.record(tenant, "signal", operator, reason, instance=instance, name=name)
         wake.after_commit(tenant.id, instance.id)
     return signal
 
@@ -243,14 +236,7 @@ def _audit(
 ) -> None:
     """The audit row and an ``admin_action`` event in the run's history, in the caller's
     transaction (so they exist exactly when the change does)."""
-    AuditLog.objects.create(
-        tenant=tenant,
-        instance=instance,
-        action=action,
-        operator=operator,
-        reason=reason,
-        detail=detail or {},
-    )
+    AuditLog.record(tenant, action, operator, reason, instance=instance, **(detail or {}))
     step = instance.event_count
     stored = encode(
         AdminActionEvent(
@@ -288,9 +274,7 @@ def cancel_workflow(
         instance.cancel_requested = True
         instance.cancel_reason = reason or f"cancelled by {operator}"
         instance.save(update_fields=["cancel_requested", "cancel_reason", "updated_at"])
-        AuditLog.objects.create(
-            tenant=tenant, instance=instance, action="cancel", operator=operator, reason=reason
-        )
+        AuditLog.record(tenant, "cancel", operator, reason, instance=instance)
         wake.after_commit(tenant.id, instance.id)
     return instance
 
