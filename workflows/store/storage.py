@@ -18,6 +18,7 @@ from datetime import datetime, timedelta
 from typing import Any
 
 from django.db import IntegrityError, connection, transaction
+from django.db.models import QuerySet
 from django.utils import timezone
 
 from engine.cron import cron_error, timezone_error
@@ -69,44 +70,36 @@ from workflows.store import wake
 from workflows.tenancy import TENANT_SETTING, tenant_context
 
 
+def _fenced(ref: RunRef) -> QuerySet[WorkflowInstance]:
+    """The claimed instance row, locked, while the claim is still this worker's."""
+    return WorkflowInstance.objects.select_for_update(
+        no_key=connection.features.has_select_for_no_key_update
+    ).filter(
+        id=ref.run_id,
+        tenant_id=ref.tenant_id,
+        assigned_to=ref.worker_id,
+        generation=ref.generation,
+        status=RunStatus.RUNNING,
+    )
+
+
+def _fence_lost(ref: RunRef) -> FenceLost:
+    return FenceLost(f"run {ref.run_id} is no longer owned by {ref.worker_id}@{ref.generation}")
+
+
 def lock_fenced(ref: RunRef) -> int:
     """Lock the claimed instance row; return its event count. Raises FenceLost."""
-    row = (
-        WorkflowInstance.objects.select_for_update(
-            no_key=connection.features.has_select_for_no_key_update
-        )
-        .filter(
-            id=ref.run_id,
-            tenant_id=ref.tenant_id,
-            assigned_to=ref.worker_id,
-            generation=ref.generation,
-            status=RunStatus.RUNNING,
-        )
-        .values_list("event_count", flat=True)
-        .first()
-    )
+    row = _fenced(ref).values_list("event_count", flat=True).first()
     if row is None:
-        raise FenceLost(f"run {ref.run_id} is no longer owned by {ref.worker_id}@{ref.generation}")
+        raise _fence_lost(ref)
     return int(row)
 
 
 def lock_fenced_instance(ref: RunRef) -> WorkflowInstance:
     """:func:`lock_fenced`, returning the locked row itself. Raises FenceLost."""
-    instance = (
-        WorkflowInstance.objects.select_for_update(
-            no_key=connection.features.has_select_for_no_key_update
-        )
-        .filter(
-            id=ref.run_id,
-            tenant_id=ref.tenant_id,
-            assigned_to=ref.worker_id,
-            generation=ref.generation,
-            status=RunStatus.RUNNING,
-        )
-        .first()
-    )
+    instance = _fenced(ref).first()
     if instance is None:
-        raise FenceLost(f"run {ref.run_id} is no longer owned by {ref.worker_id}@{ref.generation}")
+        raise _fence_lost(ref)
     return instance
 
 
