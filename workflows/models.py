@@ -20,7 +20,7 @@ from django.db import models
 from django.utils import timezone
 
 from engine.errors import ErrorCode
-from engine.events import EventType
+from engine.events import EncodedEvent, EventType
 
 DEFAULT_TENANT_ID = uuid.UUID("00000000-0000-0000-0000-000000000000")
 
@@ -304,6 +304,16 @@ class WorkflowEvent(TenantScoped):
 
     def __str__(self) -> str:
         return f"{self.instance_id}#{self.step}"
+
+    @classmethod
+    def history(cls, tenant_id: uuid.UUID, instance_id: uuid.UUID | str) -> list[EncodedEvent]:
+        """The run's stored events in step order, as the engine's codec reads them."""
+        return [
+            EncodedEvent(*row)
+            for row in cls.objects.filter(tenant_id=tenant_id, instance_id=instance_id)
+            .order_by("step")
+            .values_list("step", "type_code", "timestamp_ms", "payload", "checksum")
+        ]
 
     @property
     def event_type(self) -> str:

@@ -148,12 +148,7 @@ class DatabaseWorkflowEnvironment:
 
     def stored_history(self, run_id: str) -> list[EncodedEvent]:
         with tenant_context(self.tenant.id):
-            rows = (
-                WorkflowEvent.objects.filter(instance_id=run_id)
-                .order_by("step")
-                .values_list("step", "type_code", "timestamp_ms", "payload", "checksum")
-            )
-            return [EncodedEvent(*row) for row in rows]
+            return WorkflowEvent.history(self.tenant.id, run_id)
 
     def history(self, run_id: str) -> list[Event]:
         return [decode(e) for e in self.stored_history(run_id)]

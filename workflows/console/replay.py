@@ -22,7 +22,6 @@ from dataclasses import dataclass
 from typing import Any
 
 from engine.errors import ErrorCode, InvalidModule
-from engine.events import EncodedEvent
 from engine.services import CallResult, Services
 from engine.session import (
     Completed,
@@ -143,14 +142,10 @@ def state_at_step(instance: WorkflowInstance, step: int) -> StateAtStep:
     """Replay ``instance`` (read in the caller's tenant context) to its first ``step`` events."""
     from workflows.executor import get_runtime
 
-    rows = list(
-        WorkflowEvent.objects.filter(instance_id=instance.id, tenant_id=instance.tenant_id)
-        .order_by("step")
-        .values_list("step", "type_code", "timestamp_ms", "payload", "checksum")
-    )
-    total = len(rows)
+    stored = WorkflowEvent.history(instance.tenant_id, instance.id)
+    total = len(stored)
     step = max(0, min(step, total))
-    history = [EncodedEvent(*row) for row in rows[:step]]
+    history = stored[:step]
     definition = (
         WorkflowDefinition.objects.filter(id=instance.definition_id, tenant_id=instance.tenant_id)
         .values("sha256", "wasm")

@@ -121,14 +121,7 @@ def _instance_or_redirect(
 
 
 def _history(instance: WorkflowInstance) -> list[EncodedEvent]:
-    return [
-        EncodedEvent(*row)
-        for row in WorkflowEvent.objects.filter(
-            tenant_id=instance.tenant_id, instance_id=instance.id
-        )
-        .order_by("step")
-        .values_list("step", "type_code", "timestamp_ms", "payload", "checksum")
-    ]
+    return WorkflowEvent.history(instance.tenant_id, instance.id)
 
 
 def timeline_svg(instance: WorkflowInstance, history: list[EncodedEvent] | None = None) -> str:

@@ -172,14 +172,7 @@ def load_run(claim: Claim, worker_id: str) -> LoadedRun | None:
             "sha256": instance.definition.sha256,
             "max_history_length": instance.definition.max_history_length,
         }
-        history = [
-            EncodedEvent(step, code, ts, payload, checksum)
-            for step, code, ts, payload, checksum in WorkflowEvent.objects.filter(
-                instance_id=instance.id
-            )
-            .order_by("step")
-            .values_list("step", "type_code", "timestamp_ms", "payload", "checksum")
-        ]
+        history = WorkflowEvent.history(instance.tenant_id, instance.id)
     return LoadedRun(
         claim,
         worker_id,

@@ -94,14 +94,12 @@ class Command(BaseCommand):
         self._work()
         info = self._show(run)
         self.stdout.write(f"status: {info['status']}  result: {info['result']}")
-        from engine.events import EncodedEvent, decode
+        from engine.events import decode
         from workflows.models import WorkflowEvent
 
         with tenant_context(tenant.id):
-            rows = WorkflowEvent.objects.filter(instance_id=run).order_by("step")
-            for row in rows:
-                stored = (row.step, row.type_code, row.timestamp_ms, row.payload, row.checksum)
-                event = decode(EncodedEvent(*stored))
+            for stored in WorkflowEvent.history(tenant.id, run):
+                event = decode(stored)
                 self.stdout.write(f"  step {event.step:>2}  {event.describe()}")
         self.stdout.write(self.style.SUCCESS("the history is in the database; the admin shows it"))
 
