@@ -495,6 +495,28 @@ def instance_summary(instance: WorkflowInstance) -> dict[str, Any]:
     }
 
 
+def continue_chain(
+    instance: WorkflowInstance, *, limit: int, backward: bool = False
+) -> list[WorkflowInstance]:
+    """The runs continue-as-new links ``instance`` to, nearest first: the runs it was
+    continued as, or with ``backward`` the runs it continues; at most ``limit`` of them."""
+    found: list[WorkflowInstance] = []
+    current = instance
+    while len(found) < limit:
+        if backward:
+            if not current.continued_from_id:
+                break
+            link = models.Q(id=current.continued_from_id)
+        else:
+            link = models.Q(continued_from_id=current.id)
+        linked = WorkflowInstance.objects.filter(link, tenant_id=instance.tenant_id).first()
+        if linked is None:
+            break
+        found.append(linked)
+        current = linked
+    return found
+
+
 def _continued_as(instance: WorkflowInstance) -> str | None:
     try:
         successor = instance.continued_as

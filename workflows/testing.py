@@ -20,7 +20,13 @@ from engine.testing import RecordingCaller
 from workflows import services as svc
 from workflows.definitions import deploy_definition
 from workflows.executor import execute_claim, set_services
-from workflows.models import Tenant, WorkflowEvent, WorkflowInstance, instance_summary
+from workflows.models import (
+    Tenant,
+    WorkflowEvent,
+    WorkflowInstance,
+    continue_chain,
+    instance_summary,
+)
 from workflows.store.lifecycle import claim_ready_instances
 from workflows.tenancy import tenant_context
 
@@ -131,12 +137,10 @@ class DatabaseWorkflowEnvironment:
         return self._instance(run_id).status
 
     def latest_run(self, run_id: str) -> str:
-        current = run_id
-        while True:
-            successor = self.describe(current)["continued_as"]
-            if not successor:
-                return current
-            current = successor
+        """The last run of ``run_id``'s continue-as-new chain (``run_id`` itself if none)."""
+        with tenant_context(self.tenant.id):
+            chain = continue_chain(self._instance(run_id), limit=10_000)
+        return str(chain[-1].id) if chain else run_id
 
     def result(self, run_id: str) -> Any:
         info = self.describe(self.latest_run(run_id))

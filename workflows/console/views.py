@@ -48,6 +48,7 @@ from workflows.models import (
     WorkflowDefinition,
     WorkflowEvent,
     WorkflowInstance,
+    continue_chain,
 )
 
 EVENTS_PER_PAGE = 50
@@ -166,26 +167,8 @@ def _event_rows(page_rows: list[EncodedEvent], start_ms: int) -> list[dict[str, 
 
 def _chain(instance: WorkflowInstance) -> list[WorkflowInstance]:
     """The continue-as-new chain through this run, oldest first (bounded both ways)."""
-    before: list[WorkflowInstance] = []
-    current = instance
-    while current.continued_from_id and len(before) < CHAIN_LIMIT:
-        previous = WorkflowInstance.objects.filter(
-            tenant_id=instance.tenant_id, id=current.continued_from_id
-        ).first()
-        if previous is None:
-            break
-        before.append(previous)
-        current = previous
-    after: list[WorkflowInstance] = []
-    current = instance
-    while len(after) < CHAIN_LIMIT:
-        successor = WorkflowInstance.objects.filter(
-            tenant_id=instance.tenant_id, continued_from_id=current.id
-        ).first()
-        if successor is None:
-            break
-        after.append(successor)
-        current = successor
+    before = continue_chain(instance, limit=CHAIN_LIMIT, backward=True)
+    after = continue_chain(instance, limit=CHAIN_LIMIT)
     if not before and not after:
         return []
     return [*reversed(before), instance, *after]

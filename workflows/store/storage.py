@@ -59,6 +59,7 @@ from workflows.models import (
     WorkflowEvent,
     WorkflowInstance,
     WorkflowState,
+    continue_chain,
 )
 from workflows.models import (
     Status as RunStatus,
@@ -617,12 +618,8 @@ def child_outcome(tenant: uuid.UUID, run_id: str) -> ChildOutcome | None:
     )
     if child is None:
         return ChildOutcome(Status.NOT_FOUND, error=f"no run {run_id}")
-    seen = 0
-    while seen < 10_000:  # follow continue-as-new to the run that finished
-        successor = WorkflowInstance.objects.filter(continued_from_id=child.id).first()
-        if successor is None:
-            break
-        child, seen = successor, seen + 1
+    # Follow continue-as-new to the run that finished.
+    child = [child, *continue_chain(child, limit=10_000)][-1]
     if child.status == RunStatus.DONE:
         return ChildOutcome(Status.OK, result=child.result or "")
     if child.status == RunStatus.TERMINATED:
