@@ -14,7 +14,6 @@ import uuid
 from datetime import UTC, datetime
 from typing import Any
 
-from django.core.exceptions import ValidationError
 from django.db import IntegrityError, transaction
 from django.utils import timezone as dj_timezone
 
@@ -22,12 +21,13 @@ from schedules.cron import CronError, CronSchedule, compile_cron
 from schedules.models import MisfirePolicy, OverlapPolicy, Schedule
 from schedules.scheduler import Delivery, append_note, deliver
 from workflows.definitions import resolve_definition
-from workflows.models import AuditLog, Tenant, name_validator
+from workflows.models import AuditLog, Tenant
 from workflows.services import (
     Conflict,
     InvalidInput,
     NotFound,
     ServiceError,
+    check_name,
     json_text,
 )
 from workflows.tenancy import tenant_context
@@ -177,12 +177,7 @@ def validate_schedule(
     merged = {**DEFAULTS, **values}
     clean: dict[str, Any] = {}
     clean["name"] = _text(merged.get("name"), "name", 128, required=True)
-    try:
-        name_validator(clean["name"])
-    except ValidationError:
-        raise InvalidInput(
-            f"name {clean['name']!r} is not valid: {name_validator.message}", "name"
-        ) from None
+    check_name(clean["name"], "name")
     if clean["name"] in RESERVED_NAMES or _looks_like_an_id(clean["name"]):
         raise InvalidInput(
             f"name {clean['name']!r} cannot be used: schedules are addressed by id or name, "

@@ -33,24 +33,14 @@ from workflows.models import (
     VersionTag,
     WorkflowDefinition,
     WorkflowInstance,
-    name_validator,
 )
-from workflows.services import Conflict, InvalidInput, NotFound
+from workflows.services import Conflict, InvalidInput, NotFound, check_name
 from workflows.tenancy import tenant_context
 
 DEFAULT_MIN_VERSIONS_TO_KEEP = 3
 DEFAULT_GC_MAX_AGE = timedelta(days=30)
 DEFAULT_STALE_AFTER = timedelta(days=30)
 DEFAULT_PURGE_AFTER = timedelta(days=90)
-
-
-def _check_name(value: str, field_name: str) -> None:
-    try:
-        name_validator(value)
-    except Exception:
-        raise InvalidInput(
-            f"{field_name} {value!r} is not a valid name: {name_validator.message}", field_name
-        ) from None
 
 
 # --- deploy and resolve ------------------------------------------------------------------------
@@ -70,7 +60,7 @@ def deploy_definition(
     version of ``name`` (or as ``version``)."""
     from workflows.executor import get_runtime
 
-    _check_name(name, "name")
+    check_name(name, "name")
     if not wasm:
         raise InvalidInput("the module is empty", "wasm")
     try:
@@ -271,7 +261,7 @@ def list_tags(tenant: Tenant, name: str) -> list[VersionTag]:
 
 def set_tag(tenant: Tenant, name: str, tag: str, version: int, operator: str = "api") -> VersionTag:
     """Point ``tag`` at ``version`` (creating or moving it)."""
-    _check_name(tag, "tag")
+    check_name(tag, "tag")
     if len(tag) > 64:
         raise InvalidInput("tag must be at most 64 characters", "tag")
     with tenant_context(tenant.id):

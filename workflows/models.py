@@ -24,8 +24,10 @@ from engine.events import EncodedEvent, EventType
 
 DEFAULT_TENANT_ID = uuid.UUID("00000000-0000-0000-0000-000000000000")
 
+# The rule for workflow, schedule and tag names; the API's serializers match the same pattern.
+NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,127}$"
 name_validator = RegexValidator(
-    r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,127}$",
+    NAME_PATTERN,
     "Use 1-128 letters, digits, '.', '_' or '-', starting with a letter or digit.",
 )
 

@@ -13,6 +13,7 @@ import time
 import uuid
 from typing import Any
 
+from django.core.exceptions import ValidationError
 from django.db import IntegrityError, transaction
 from django.db.models import F
 from django.utils import timezone
@@ -29,6 +30,7 @@ from workflows.models import (
     UpdateRequest,
     WorkflowEvent,
     WorkflowInstance,
+    name_validator,
 )
 from workflows.store import wake
 from workflows.store.lifecycle import close_instance, forget_failed_call, terminate_instance
@@ -110,6 +112,16 @@ def json_text(value: Any, field: str) -> str:
     if len(text.encode()) > MAX_PAYLOAD_BYTES:
         raise PayloadTooLarge(f"{field} is larger than {MAX_PAYLOAD_BYTES} bytes", field)
     return text
+
+
+def check_name(value: str, field: str) -> None:
+    """Refuse a workflow, schedule or tag name that breaks :data:`workflows.models.NAME_PATTERN`."""
+    try:
+        name_validator(value)
+    except ValidationError:
+        raise InvalidInput(
+            f"{field} {value!r} is not a valid name: {name_validator.message}", field
+        ) from None
 
 
 def get_instance(

@@ -460,7 +460,7 @@ def test_a_database_error_is_logged_and_the_instant_retried_next_tick(
         ({"misfire_policy": "later"}, InvalidInput, "misfire_policy", "catch_up, skip"),
         ({"overlap_policy": "queue"}, InvalidInput, "overlap_policy", "buffer_one"),
         ({"catch_up_limit": 0}, InvalidInput, "catch_up_limit", "from 1 to"),
-        ({"name": "no spaces please"}, InvalidInput, "name", "not valid"),
+        ({"name": "no spaces please"}, InvalidInput, "name", "is not a valid name"),
         ({"workflow_name": "nope"}, NotFound, "workflow_name", "nope"),
         ({"workflow_version": 9}, NotFound, "workflow_version", "no version 9"),
         ({"entry_point": "report"}, InvalidInput, "entry_point", "no entry point 'report'"),

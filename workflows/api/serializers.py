@@ -23,6 +23,7 @@ from engine.errors import ErrorCode
 from engine.events import CodecError, EncodedEvent, decode
 from engine.redaction import Redactor
 from workflows.models import (
+    NAME_PATTERN,
     Promise,
     RoutingRule,
     Signal,
@@ -36,7 +37,6 @@ from workflows.models import (
 
 INT32_MAX = 2**31 - 1
 INT32_MIN = -(2**31)
-NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,127}$"
 TAG_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$"
 MAX_REASON = 2000
 MAX_UPDATE_WAIT_SECONDS = 30.0
