@@ -830,3 +830,22 @@ def test_admin_creates_a_key_shown_once_and_revokes_it(
         {"action": "revoke", "_selected_action": [stored.pk]},
     )
     assert Api(key).get("/api/v1/workflows").status_code == 401
+
+
+def test_a_handler_that_fails_after_writing_leaves_nothing_behind(
+    admin_api: Api, tenant: Tenant, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The handler runs in one tenant transaction: an error after a write answers in the
+    error shape and the write is rolled back with it."""
+    admin_api.deploy("waiter", signal_waiter())
+
+    def half_done(tenant: Tenant, name: str, version: int, *_: Any) -> None:
+        AuditLog.record(tenant, "deprecate_definition", "api", "", name=name, version=version)
+        raise services.Conflict("refused after the audit row", "version")
+
+    monkeypatch.setattr(definitions, "deprecate_definition", half_done)
+    refused = admin_api.post("/api/v1/definitions/waiter/versions/1/deprecate")
+    assert refused.status_code == 409
+    assert error_of(refused)["message"] == "refused after the audit row"
+    with tenant_context(tenant.id):
+        assert not AuditLog.objects.filter(action="deprecate_definition").exists()

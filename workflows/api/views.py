@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
+from contextlib import ExitStack
 from datetime import timedelta
 from typing import Any, TypeVar
 
@@ -109,39 +110,29 @@ class TenantViewSet(viewsets.GenericViewSet):
         return self.identity.operator
 
     def dispatch(self, request: Any, *args: Any, **kwargs: Any) -> Any:
-        # DRF's dispatch, with the handler (and the rendering, which may read lazily loaded
-        # rows) inside the tenant context.
+        # DRF's dispatch inside a scope that ``initial`` enters the tenant context in, once
+        # authentication has named the tenant. The handler and the rendering (which may read
+        # lazily loaded rows) run inside it; ``handle_exception`` leaves it first, with the
+        # error, so that the handler's writes roll back. A failed render or commit is answered
+        # like any other error.
         started = time.monotonic()
-        self.args, self.kwargs = args, kwargs
-        request = self.initialize_request(request, *args, **kwargs)
-        self.request = request
-        self.headers = self.default_response_headers
-        try:
-            self.initial(request, *args, **kwargs)
-            method = request.method.lower()
-            handler = (
-                getattr(self, method, self.http_method_not_allowed)
-                if method in self.http_method_names
-                else self.http_method_not_allowed
-            )
-            if getattr(handler, "own_transactions", False):
-                response = handler(request, *args, **kwargs)
-            else:
-                with tenant_context(self.tenant.id):
-                    response = handler(request, *args, **kwargs)
-                    response = self.finalize_response(request, response, *args, **kwargs)
-                    if isinstance(response, Response):
-                        response.render()
-        except Exception as exc:
-            response = self.handle_exception(exc)
-        self.response = self.finalize_response(request, response, *args, **kwargs)
+        with ExitStack() as self._tenant_scope:
+            response = super().dispatch(request, *args, **kwargs)
+            try:
+                if isinstance(response, Response):
+                    response.render()
+                self._tenant_scope.close()
+            except Exception as exc:
+                response = self.finalize_response(
+                    self.request, self.handle_exception(exc), *args, **kwargs
+                )
         API_REQUESTS.labels(
-            request.method,
+            self.request.method,
             getattr(self, "basename", "?") + "." + str(self.action),
-            str(self.response.status_code),
+            str(response.status_code),
         ).inc()
-        API_SECONDS.labels(request.method).observe(time.monotonic() - started)
-        return self.response
+        API_SECONDS.labels(self.request.method).observe(time.monotonic() - started)
+        return response
 
     def initial(self, request: Request, *args: Any, **kwargs: Any) -> None:
         super().initial(request, *args, **kwargs)
@@ -149,6 +140,14 @@ class TenantViewSet(viewsets.GenericViewSet):
         limit = self.body_limit()
         if length.isdigit() and int(length) > limit:
             raise PayloadTooLarge(f"The request body is larger than {limit} bytes.")
+        handler = getattr(self, request.method.lower(), None)
+        if not getattr(handler, "own_transactions", False):
+            self._tenant_scope.enter_context(tenant_context(self.tenant.id))
+
+    def handle_exception(self, exc: Exception) -> Any:
+        # Leave the tenant context with the error, so that its transaction rolls back.
+        self._tenant_scope.__exit__(type(exc), exc, exc.__traceback__)
+        return super().handle_exception(exc)
 
     def body_limit(self) -> int:
         return max_body_bytes()
