@@ -220,13 +220,13 @@ class Cleat:
     def summary(self) -> dict[str, Any]:
         from django.db.models import Count, Max, Min, Q, Sum
 
-        from workflows.models import Status, WorkflowEvent, WorkflowInstance
+        from workflows.models import RunStatus, WorkflowEvent, WorkflowInstance
         from workflows.tenancy import tenant_context
 
         with tenant_context(self.tenant.id):
             agg = WorkflowInstance.objects.aggregate(
                 runs=Count("id"),
-                done=Count("id", filter=Q(status=Status.DONE)),
+                done=Count("id", filter=Q(status=RunStatus.DONE)),
                 events=Sum("event_count"),
                 first_claim=Min("started_at"),
                 last_done=Max("completed_at"),
@@ -316,7 +316,7 @@ class Latency:
 
 def await_done(cleat: Cleat, run_id: Any, what: str) -> tuple[Any, Any]:
     """Poll a run's row every 2 ms until it is done: its (created_at, completed_at)."""
-    from workflows.models import Status, WorkflowInstance
+    from workflows.models import RunStatus, WorkflowInstance
     from workflows.tenancy import tenant_context
 
     deadline = time.monotonic() + 30
@@ -327,9 +327,9 @@ def await_done(cleat: Cleat, run_id: Any, what: str) -> tuple[Any, Any]:
                 .values_list("status", "created_at", "completed_at")
                 .get()
             )
-        if row[0] == Status.DONE:
+        if row[0] == RunStatus.DONE:
             return row[1], row[2]
-        if row[0] not in (Status.READY, Status.RUNNING):
+        if row[0] not in (RunStatus.READY, RunStatus.RUNNING):
             raise RuntimeError(f"{what} run ended {row[0]}")
         time.sleep(0.002)
     raise RuntimeError(f"{what} run not done after 30 s")

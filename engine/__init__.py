@@ -32,10 +32,11 @@ from engine.session import (
     WaitCondition,
     WaitKind,
 )
-from engine.status import Status
+from engine.status import AbiStatus, Status
 from engine.storage import RunRef, WorkflowStorage
 
 __all__ = [
+    "AbiStatus",
     "CallContext",
     "CallResult",
     "Completed",

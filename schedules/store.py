@@ -20,7 +20,7 @@ from django.db import connection
 from django.db.models import Exists, F, OuterRef, Q
 
 from schedules.models import Schedule
-from workflows.models import ACTIVE_STATUSES, Status, WorkflowInstance
+from workflows.models import ACTIVE_STATUSES, RunStatus, WorkflowInstance
 
 # -- due_schedules -- every tenant's schedules that need the scheduler now: due, not yet
 # initialised (next_run_at NULL), or holding buffered instants whose previous run ended.
@@ -197,7 +197,7 @@ def last_run_failed(schedule: Schedule) -> WorkflowInstance | None:
         .order_by("-created_at")
         .first()
     )
-    if latest is None or latest.status not in (Status.FAILED, Status.DEAD_LETTERED):
+    if latest is None or latest.status not in (RunStatus.FAILED, RunStatus.DEAD_LETTERED):
         return None
     if latest.error_code == "cancelled":
         return None

@@ -32,7 +32,7 @@ name_validator = RegexValidator(
 )
 
 
-class Status(models.TextChoices):
+class RunStatus(models.TextChoices):
     READY = "ready", "ready"
     RUNNING = "running", "running"
     DONE = "done", "done"
@@ -42,8 +42,10 @@ class Status(models.TextChoices):
     PAUSED = "paused", "paused"
 
 
-TERMINAL_STATUSES = frozenset({Status.DONE, Status.FAILED, Status.DEAD_LETTERED, Status.TERMINATED})
-ACTIVE_STATUSES = frozenset({Status.READY, Status.RUNNING, Status.PAUSED})
+TERMINAL_STATUSES = frozenset(
+    {RunStatus.DONE, RunStatus.FAILED, RunStatus.DEAD_LETTERED, RunStatus.TERMINATED}
+)
+ACTIVE_STATUSES = frozenset({RunStatus.READY, RunStatus.RUNNING, RunStatus.PAUSED})
 
 ERROR_CODE_CHOICES = [(c.value, c.value) for c in ErrorCode]
 EVENT_TYPE_CHOICES = [(t.code, t.value) for t in EventType]
@@ -217,7 +219,7 @@ class WorkflowInstance(TenantScoped):
     definition_name = models.CharField(max_length=128)
     definition_version = models.PositiveIntegerField()
     entry_point = models.CharField(max_length=128, default="run")
-    status = models.CharField(max_length=16, choices=Status.choices, default=Status.READY)
+    status = models.CharField(max_length=16, choices=RunStatus.choices, default=RunStatus.READY)
     input = models.TextField(default="null")
     result = models.TextField(null=True, blank=True)
     error = models.TextField(null=True, blank=True)

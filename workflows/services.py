@@ -24,8 +24,8 @@ from workflows.models import (
     TERMINAL_STATUSES,
     AuditLog,
     Promise,
+    RunStatus,
     Signal,
-    Status,
     Tenant,
     UpdateRequest,
     WorkflowEvent,
@@ -308,11 +308,11 @@ def pause_workflow(
 ) -> WorkflowInstance:
     with tenant_context(tenant.id):
         instance = get_instance(tenant, run_id, lock=True)
-        if instance.status != Status.READY:
+        if instance.status != RunStatus.READY:
             raise Conflict(
                 f"only a ready run can be paused; {run_id} is {instance.status}", "run_id"
             )
-        instance.paused_from, instance.status = instance.status, Status.PAUSED
+        instance.paused_from, instance.status = instance.status, RunStatus.PAUSED
         instance.save(update_fields=["status", "paused_from", "updated_at"])
         # Ready, so no worker holds it: the history can take an annotation (replay skips it).
         _audit(tenant, instance, "pause", operator, reason)
@@ -324,9 +324,9 @@ def resume_workflow(
 ) -> WorkflowInstance:
     with tenant_context(tenant.id):
         instance = get_instance(tenant, run_id, lock=True)
-        if instance.status != Status.PAUSED:
+        if instance.status != RunStatus.PAUSED:
             raise Conflict(f"run {run_id} is not paused (it is {instance.status})", "run_id")
-        instance.status, instance.paused_from = Status.READY, None
+        instance.status, instance.paused_from = RunStatus.READY, None
         instance.next_wake_at = timezone.now()
         instance.save(update_fields=["status", "paused_from", "next_wake_at", "updated_at"])
         _audit(tenant, instance, "resume", operator, reason)
@@ -340,7 +340,7 @@ def retry_workflow(
     """Move a dead-lettered (or failed) run back to ready; it replays its history."""
     with tenant_context(tenant.id):
         instance = get_instance(tenant, run_id, lock=True)
-        if instance.status not in (Status.DEAD_LETTERED, Status.FAILED):
+        if instance.status not in (RunStatus.DEAD_LETTERED, RunStatus.FAILED):
             raise Conflict(
                 f"only failed or dead-lettered runs can be retried; {run_id} is {instance.status}",
                 "run_id",
@@ -360,7 +360,7 @@ def retry_workflow(
 
 def _reopen(instance: WorkflowInstance) -> None:
     WorkflowInstance.objects.filter(id=instance.id).update(
-        status=Status.READY,
+        status=RunStatus.READY,
         error=None,
         error_code=None,
         assigned_to=None,
@@ -386,11 +386,11 @@ def force_complete(
     with tenant_context(tenant.id):
         instance = get_instance(tenant, run_id, lock=True)
         _check_generation(instance, generation)
-        if instance.status == Status.DONE:
+        if instance.status == RunStatus.DONE:
             raise Conflict(f"run {run_id} is already done", "run_id")
         _audit(tenant, instance, "force_complete", operator, reason)
         close_instance(
-            instance, Status.DONE, timezone.now(), result=text, error=None, error_code=None
+            instance, RunStatus.DONE, timezone.now(), result=text, error=None, error_code=None
         )
     return instance
 
@@ -414,7 +414,7 @@ def force_fail(
         if instance.is_terminal:
             raise Conflict(f"run {run_id} is already {instance.status}", "run_id")
         _audit(tenant, instance, "force_fail", operator, reason, {"code": code})
-        close_instance(instance, Status.FAILED, timezone.now(), error=message, error_code=code)
+        close_instance(instance, RunStatus.FAILED, timezone.now(), error=message, error_code=code)
     return instance
 
 
@@ -425,7 +425,7 @@ def re_replay(
     with tenant_context(tenant.id):
         instance = get_instance(tenant, run_id, lock=True)
         _check_generation(instance, generation)
-        if instance.status in (Status.RUNNING, Status.PAUSED):
+        if instance.status in (RunStatus.RUNNING, RunStatus.PAUSED):
             raise Conflict(
                 f"run {run_id} is {instance.status}; re-replay needs a settled run", "run_id"
             )

@@ -49,7 +49,7 @@ from engine.events import (
     UpdateAppliedEvent,
     decode,
 )
-from engine.status import Status
+from engine.status import AbiStatus
 
 MAX_ROWS = 2000
 
@@ -70,7 +70,7 @@ COLOURS = {
     "warn": "#d97706",
     "done": "#15803d",
 }
-_WARN_STATUSES = {Status.TIMEOUT, Status.CANCELLED}
+_WARN_STATUSES = {AbiStatus.TIMEOUT, AbiStatus.CANCELLED}
 _DESTRUCTIVE_ACTIONS = {"force_fail", "terminate"}
 
 
@@ -106,9 +106,9 @@ class RunEnd:
 
 
 def _status_outcome(status: int, *, soft_not_found: bool = False) -> str:
-    if status == Status.OK:
+    if status == AbiStatus.OK:
         return "ok"
-    if status in _WARN_STATUSES or (soft_not_found and status == Status.NOT_FOUND):
+    if status in _WARN_STATUSES or (soft_not_found and status == AbiStatus.NOT_FOUND):
         return "warn"
     return "failed"
 
@@ -158,7 +158,7 @@ def _item(event: Event, previous_ms: int) -> Item:
                 **base,
             )
         case AwaitSignalsEvent():
-            got = f" → {event.name}" if event.status == Status.OK and event.name else ""
+            got = f" → {event.name}" if event.status == AbiStatus.OK and event.name else ""
             return Item(
                 label=f"await signals {'/'.join(event.names)}{got}",
                 kind="wait",
@@ -195,7 +195,7 @@ def _item(event: Event, previous_ms: int) -> Item:
                 **base,
             )
         case SignalReceivedEvent():
-            if event.status == Status.NOT_FOUND:
+            if event.status == AbiStatus.NOT_FOUND:
                 return Item(
                     label=f"poll signal {event.name}: none", kind="event", start_ms=ts, **base
                 )

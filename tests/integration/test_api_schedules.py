@@ -20,7 +20,7 @@ from tests.integration.test_schedules import quick, waiter
 from workflows.models import (
     AuditLog,
     Role,
-    Status,
+    RunStatus,
     Tenant,
     WorkflowDefinition,
     WorkflowInstance,
@@ -249,8 +249,8 @@ def test_trigger_fires_now_under_the_overlap_policy(api: Api, tenant: Tenant) ->
     [replacing] = forced.json()["deliveries"]
     assert replacing["outcome"] == "started" and replacing["replaced"] == [delivery["run_id"]]
     statuses = {str(r.id): r.status for r in runs(tenant)}
-    assert statuses[delivery["run_id"]] == Status.TERMINATED
-    assert statuses[replacing["run_id"]] == Status.READY
+    assert statuses[delivery["run_id"]] == RunStatus.TERMINATED
+    assert statuses[replacing["run_id"]] == RunStatus.READY
     assert len(audit(tenant, "schedule_triggered")) == 3
     bad = api.post(f"{URL}/nightly/trigger", {"overlap_policy": "sometimes"})
     assert bad.status_code == 400 and error_of(bad)["field"] == "overlap_policy"

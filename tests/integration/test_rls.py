@@ -28,7 +28,7 @@ from django.db import DataError, ProgrammingError, connection, transaction
 from django.utils import timezone
 
 from engine.events import SleepEvent, encode
-from engine.status import Status as AbiStatus
+from engine.status import AbiStatus
 from engine.storage import RunRef
 from schedules.models import Schedule
 from schedules.rls import SCHEDULE_TABLES
@@ -42,8 +42,8 @@ from workflows.models import (
     Invocation,
     Promise,
     RoutingRule,
+    RunStatus,
     Signal,
-    Status,
     Tenant,
     TenantScoped,
     UpdateRequest,
@@ -362,7 +362,7 @@ def test_the_store_and_services_of_one_tenant_reach_nothing_of_another(
     assert hidden is not None and hidden.status == AbiStatus.NOT_FOUND
     with tenant_context(other_tenant.id):
         assert Signal.objects.filter(instance_id=b_run.id).count() == 1
-        assert svc.get_instance(other_tenant, str(b_run.id)).status == Status.READY
+        assert svc.get_instance(other_tenant, str(b_run.id)).status == RunStatus.READY
 
 
 # --- bypass detection --------------------------------------------------------------------------
@@ -469,11 +469,11 @@ def test_the_claim_crosses_tenants_and_nothing_else_does(tenant: Tenant, other_t
         [str(tenant.id)] * 2 + [str(other_tenant.id)]
     )
     with pytest.raises(ProgrammingError, match=NOT_SET):
-        WorkflowInstance.objects.filter(status=Status.RUNNING).count()
+        WorkflowInstance.objects.filter(status=RunStatus.RUNNING).count()
     with tenant_context(tenant.id):
-        assert WorkflowInstance.objects.filter(status=Status.RUNNING).count() == 2
+        assert WorkflowInstance.objects.filter(status=RunStatus.RUNNING).count() == 2
     with tenant_context(other_tenant.id):
-        assert WorkflowInstance.objects.filter(status=Status.RUNNING).count() == 1
+        assert WorkflowInstance.objects.filter(status=RunStatus.RUNNING).count() == 1
 
     assert heartbeat_worker("w", now) == 3
     assert reap_expired_leases(timedelta(0), now + timedelta(seconds=1)) == 3

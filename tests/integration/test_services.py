@@ -26,7 +26,7 @@ from workflows import services as svc
 from workflows.models import (
     AuditLog,
     RoutingRule,
-    Status,
+    RunStatus,
     Tenant,
     UpdateRequest,
     VersionTag,
@@ -92,9 +92,9 @@ def runs(env: DatabaseWorkflowEnvironment) -> dict[str, str]:
     """A run waiting for ``stop`` (after one segment), a done run and a failed run."""
     made = {"waiting": env.run("waiter"), "done": env.run("quick"), "failed": env.run("failing")}
     assert [env.status(made[k]) for k in ("waiting", "done", "failed")] == [
-        Status.READY,
-        Status.DONE,
-        Status.FAILED,
+        RunStatus.READY,
+        RunStatus.DONE,
+        RunStatus.FAILED,
     ]
     return made
 
@@ -432,7 +432,7 @@ def test_a_stale_generation_is_a_conflict(tenant: Tenant, runs: dict[str, str], 
 def _claimed(tenant: Tenant, env: DatabaseWorkflowEnvironment) -> str:
     run = env.start("quick")
     [claim] = claim_ready_instances("w", ["default"], 1, timezone.now(), tenant.id)
-    assert str(claim.id) == run and row(tenant, run).status == Status.RUNNING
+    assert str(claim.id) == run and row(tenant, run).status == RunStatus.RUNNING
     return run
 
 
@@ -562,7 +562,7 @@ ACTIONS: dict[str, tuple[str, Callable[[Tenant, str, int], Any], str, str]] = {
         "waiting",
         lambda t, r, g: svc.force_complete(t, r, g, {"forced": True}, "ada", "stuck upstream"),
         "close_instance",
-        Status.DONE,
+        RunStatus.DONE,
     ),
     "force_fail": (
         "waiting",
@@ -570,19 +570,19 @@ ACTIONS: dict[str, tuple[str, Callable[[Tenant, str, int], Any], str, str]] = {
             t, r, g, "gave up", code="permanent", operator="ada", reason="stuck upstream"
         ),
         "close_instance",
-        Status.FAILED,
+        RunStatus.FAILED,
     ),
     "re_replay": (
         "done",
         lambda t, r, g: svc.re_replay(t, r, g, "ada", "stuck upstream"),
         "_reopen",
-        Status.READY,
+        RunStatus.READY,
     ),
     "retry": (
         "failed",
         lambda t, r, g: svc.retry_workflow(t, r, operator="ada", reason="stuck upstream"),
         "_reopen",
-        Status.READY,
+        RunStatus.READY,
     ),
 }
 
@@ -623,9 +623,9 @@ def test_an_operator_action_is_audited_with_its_change(
         env.run_until_idle()
         final = row(tenant, run)
         if action == "re_replay":
-            assert final.status == Status.DONE and env.result(run) == ["quick"]
+            assert final.status == RunStatus.DONE and env.result(run) == ["quick"]
         else:
-            assert (final.status, final.error) == (Status.FAILED, "bad order")
+            assert (final.status, final.error) == (RunStatus.FAILED, "bad order")
 
 
 @pytest.mark.parametrize("action", list(ACTIONS))
@@ -668,7 +668,7 @@ def test_an_idempotency_key_returns_the_existing_run(
         assert WorkflowInstance.objects.filter(start_idempotency_key="order-9").count() == 1
     env.run_until_idle()
     again, created = svc.start_workflow(tenant, "quick", idempotency_key="order-9")
-    assert (again.id, created, again.status) == (first.id, False, Status.DONE)
+    assert (again.id, created, again.status) == (first.id, False, RunStatus.DONE)
 
 
 @pytest.fixture
@@ -788,7 +788,7 @@ def test_send_update_waits_for_the_handlers_answer(
     assert (refused.status, refused.result) == (UpdateRequest.State.FAILED, "not today")
     assert worker.segments >= 2
     assert svc.query_state(tenant, run, "bumped") == '{"by":2}'
-    assert row(tenant, run).status == Status.READY
+    assert row(tenant, run).status == RunStatus.READY
 
     pending = svc.send_update(tenant, run, "bump", {"by": 3})
     assert pending.status == UpdateRequest.State.PENDING and pending.result == ""
@@ -845,4 +845,4 @@ def test_pause_and_resume_are_annotated_in_the_history_and_replay_steps_over_the
     ]
     svc.signal_workflow(tenant, run, "stop", {"ok": True})
     env.run_until_idle()
-    assert env.status(run) == Status.DONE  # replay stepped over both annotations
+    assert env.status(run) == RunStatus.DONE  # replay stepped over both annotations

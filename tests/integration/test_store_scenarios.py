@@ -14,7 +14,7 @@ import pytest
 from engine.events import EventType
 from tests.fixtures import FakeService
 from tests.fixtures.wat import Ref, Wat
-from workflows.models import Signal, Status, WorkflowInstance
+from workflows.models import RunStatus, Signal, WorkflowInstance
 from workflows.tenancy import tenant_context
 from workflows.testing import DatabaseWorkflowEnvironment
 
@@ -64,7 +64,7 @@ def test_calls_and_a_durable_timer_survive_segments(make_env: Any) -> None:
     assert info["waiting_on"].startswith("timer until")
     assert pay.ops() == ["charge"]
     env.advance(seconds=59)
-    assert env.status(run) == Status.READY
+    assert env.status(run) == RunStatus.READY
     env.advance(seconds=1)
     assert env.result(run) == [[0, '{"ok":1}'], 0, [0, '{"echo":{"n":7}}']]
     assert pay.ops() == ["charge", "receipt"]
@@ -107,7 +107,7 @@ def test_signal_await_times_out_at_its_virtual_deadline(make_env: Any) -> None:
     env.deploy("approval", signal_waiter().wasm())
     run = env.run("approval")
     env.advance(seconds=3599)
-    assert env.status(run) == Status.READY
+    assert env.status(run) == RunStatus.READY
     env.advance(seconds=1)
     assert env.result(run) == [[4, ""]]
 
@@ -144,7 +144,7 @@ def test_a_child_runs_and_wakes_its_parent(make_env: Any) -> None:
     assert env.result(run) == [[0, '[[0,"4"]]']]
     with tenant_context(env.tenant.id):
         child_row = WorkflowInstance.objects.get(parent_id=run)
-    assert child_row.status == Status.DONE
+    assert child_row.status == RunStatus.DONE
     assert types(env, run) == ["child_workflow", "await_child"]
 
 
@@ -377,7 +377,7 @@ def test_fence_lost_writes_nothing(make_env: Any) -> None:
         )
         finalize_segment(loaded.ref, result)
     assert env.stored_history(run) == []
-    assert env.status(run) == Status.READY
+    assert env.status(run) == RunStatus.READY
     env.advance(seconds=2)  # the reap made it due one second after the reap time
     assert env.describe(run)["events"] == 1
 
@@ -511,7 +511,7 @@ def test_a_completing_parent_closes_its_open_child(make_env: Any) -> None:
     assert env.result(run) == []
     with tenant_context(env.tenant.id):
         child = WorkflowInstance.objects.get(parent_id=run)
-    assert (child.status, child.error_code) == (Status.TERMINATED, "terminated")
+    assert (child.status, child.error_code) == (RunStatus.TERMINATED, "terminated")
     assert child.generation == 1  # fenced by the close; never claimed
 
 
@@ -568,7 +568,7 @@ def test_a_completion_whose_claim_moved_on_writes_nothing(make_env: Any) -> None
     with pytest.raises(FenceLost):
         finalize_segment(loaded.ref, result)
     info = env.describe(run)
-    assert (info["status"], info["result"], info["events"]) == (Status.RUNNING, None, 0)
+    assert (info["status"], info["result"], info["events"]) == (RunStatus.RUNNING, None, 0)
 
 
 @pytest.mark.postgres_only
@@ -623,7 +623,7 @@ def test_postgres_runs_a_plain_segment_in_four_statements_with_the_general_paths
         }
     a, b = rows[uuid_of(fast)], rows[uuid_of(slow)]
     assert {c: getattr(a, c) for c in columns} == {c: getattr(b, c) for c in columns}
-    assert a.status == Status.DONE and a.query_state == {"stage": '"paid"'}
+    assert a.status == RunStatus.DONE and a.query_state == {"stage": '"paid"'}
     for r in (a, b):
         assert r.completed_at and r.heartbeat_at and r.updated_at >= r.completed_at
     strip = [(e.step, e.type_code, e.payload) for e in env.stored_history(fast)]

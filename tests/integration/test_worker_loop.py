@@ -32,7 +32,7 @@ from tests.fixtures.wat import Wat
 from tests.integration.support.processes import command_env, manage
 from workflows import definitions, services, worker
 from workflows.executor import set_services
-from workflows.models import Status, Tenant, WorkflowDefinition, WorkflowInstance
+from workflows.models import RunStatus, Tenant, WorkflowDefinition, WorkflowInstance
 from workflows.tenancy import tenant_context
 from workflows.worker import Worker, WorkerOptions
 
@@ -117,7 +117,7 @@ def row(tenant: Tenant, run_id: str) -> WorkflowInstance:
 
 def result(tenant: Tenant, run_id: str) -> Any:
     found = row(tenant, run_id)
-    assert found.status == Status.DONE, f"{found.status}: {found.error_code} {found.error}"
+    assert found.status == RunStatus.DONE, f"{found.status}: {found.error_code} {found.error}"
     return json.loads(found.result)
 
 
@@ -139,10 +139,10 @@ def test_trapping_and_failing_workflows_do_not_stop_the_loop(
         assert result(tenant, run) == [[0, json.dumps({"echo": {"n": n}}, separators=(",", ":"))]]
     trap_row = row(tenant, trapped)
     # A trap may succeed on another attempt; with one attempt allowed it is dead-lettered.
-    assert (trap_row.status, trap_row.error_code) == (Status.DEAD_LETTERED, ErrorCode.PANIC)
+    assert (trap_row.status, trap_row.error_code) == (RunStatus.DEAD_LETTERED, ErrorCode.PANIC)
     assert "unreachable" in trap_row.error
     refused_row = row(tenant, refused)
-    assert (refused_row.status, refused_row.error_code) == (Status.FAILED, ErrorCode.PERMANENT)
+    assert (refused_row.status, refused_row.error_code) == (RunStatus.FAILED, ErrorCode.PERMANENT)
     assert refused_row.error == "the order was refused"
     assert echo.ops() == ["echo"] * 3
 
@@ -164,7 +164,7 @@ def test_garbage_module_bytes_fail_that_run_without_stopping_the_loop(
 
     assert run_burst() == 2
     found = row(tenant, victim)
-    assert (found.status, found.error_code) == (Status.FAILED, ErrorCode.INVALID_MODULE)
+    assert (found.status, found.error_code) == (RunStatus.FAILED, ErrorCode.INVALID_MODULE)
     assert found.error
     assert row(tenant, other).error_code == ErrorCode.PERMANENT
     assert echo.calls == []
@@ -231,7 +231,7 @@ def test_stop_while_a_segment_runs_lets_it_finish_then_exits(tenant: Tenant) -> 
     assert returned == [1]
     assert result(tenant, first) == [[0, '{"slow":{"n":1}}']]
     untouched = row(tenant, second)
-    assert (untouched.status, untouched.generation) == (Status.READY, 0)
+    assert (untouched.status, untouched.generation) == (RunStatus.READY, 0)
 
 
 def test_runworker_burst_exits_zero_when_nothing_is_due(tenant: Tenant) -> None:
@@ -252,7 +252,7 @@ def test_runworker_burst_exits_zero_when_nothing_is_due(tenant: Tenant) -> None:
     assert time.monotonic() - started < 30
     for run in (later, str(elsewhere.id)):
         found = row(tenant, run)
-        assert (found.status, found.generation) == (Status.READY, 0)
+        assert (found.status, found.generation) == (RunStatus.READY, 0)
 
 
 @pytest.mark.postgres_only
@@ -332,7 +332,7 @@ def test_a_notify_wakes_an_idle_worker_long_before_its_poll_interval(tenant: Ten
         definitions.deploy_definition(tenant, "fast", call_op("echo"))
         with listening_worker():
             run = start(tenant, "fast", {"n": 1})
-            wait_for(lambda: status_of(tenant, run) == Status.DONE, WAKE_BOUND_S, "done")
+            wait_for(lambda: status_of(tenant, run) == RunStatus.DONE, WAKE_BOUND_S, "done")
     finally:
         set_services(None)
 
@@ -359,11 +359,11 @@ def test_a_run_started_while_a_segment_runs_is_claimed_at_once(tenant: Tenant) -
             time.sleep(0.2)  # the loop is asleep again, with a segment in flight
             quick = start(tenant, "fast", {"n": 2})
             try:
-                wait_for(lambda: status_of(tenant, quick) == Status.DONE, WAKE_BOUND_S, "done")
-                assert status_of(tenant, blocked) == Status.RUNNING
+                wait_for(lambda: status_of(tenant, quick) == RunStatus.DONE, WAKE_BOUND_S, "done")
+                assert status_of(tenant, blocked) == RunStatus.RUNNING
             finally:
                 go.set()
-            wait_for(lambda: status_of(tenant, blocked) == Status.DONE, 30, "the slow run done")
+            wait_for(lambda: status_of(tenant, blocked) == RunStatus.DONE, 30, "the slow run done")
     finally:
         go.set()
         set_services(None)
@@ -388,7 +388,7 @@ def test_the_listener_reconnects_and_catches_up_with_what_it_missed(
                 assert cursor.fetchone()[0] is True
             wait_for(lambda: not listener.connected.is_set(), 10, "the listener noticed")
             run = start(tenant, "fast", {"n": 1})  # notified to nobody
-            wait_for(lambda: status_of(tenant, run) == Status.DONE, WAKE_BOUND_S, "done")
+            wait_for(lambda: status_of(tenant, run) == RunStatus.DONE, WAKE_BOUND_S, "done")
             assert listener.connected.is_set()
             assert listener._conn.info.backend_pid != first_pid
     finally:

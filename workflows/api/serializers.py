@@ -26,8 +26,8 @@ from workflows.models import (
     NAME_PATTERN,
     Promise,
     RoutingRule,
+    RunStatus,
     Signal,
-    Status,
     UpdateRequest,
     VersionTag,
     WorkflowDefinition,
@@ -367,7 +367,7 @@ def _choices(values: list[str]) -> str:
 
 
 class RunFilterSerializer(serializers.Serializer):
-    status = serializers.ChoiceField(choices=Status.choices, required=False)
+    status = serializers.ChoiceField(choices=RunStatus.choices, required=False)
     definition = serializers.RegexField(NAME_PATTERN, max_length=128, required=False)
     version = serializers.IntegerField(required=False, min_value=1, max_value=INT32_MAX)
     error_code = serializers.ChoiceField(

@@ -41,8 +41,8 @@ from workflows.middleware import SESSION_KEY
 from workflows.models import (
     ACTIVE_STATUSES,
     AuditLog,
+    RunStatus,
     Signal,
-    Status,
     Tenant,
     VersionTag,
     WorkflowDefinition,
@@ -399,7 +399,7 @@ def dashboard(request: HttpRequest) -> HttpResponse:
             href=f"{base}?status__exact={status.value}"
             + (f"&definition={definition}" if definition else ""),
         )
-        for status in Status
+        for status in RunStatus
     ]
     per_minute = charts.per_minute_chart(
         "Starts and completions per minute (last hour)",
@@ -417,7 +417,7 @@ def dashboard(request: HttpRequest) -> HttpResponse:
                 d.name,
                 [
                     charts.Segment(s.label, d.by_status.get(s.value, 0), STATUS_COLOURS[s.value])
-                    for s in Status
+                    for s in RunStatus
                 ],
                 f"?definition={d.name}",
             )
@@ -462,7 +462,7 @@ def dashboard(request: HttpRequest) -> HttpResponse:
         ),
         "total": sum(data.by_status.values()),
         "active": sum(data.by_status.get(s, 0) for s in ACTIVE_STATUSES),
-        "dead_lettered": data.by_status.get(Status.DEAD_LETTERED, 0),
+        "dead_lettered": data.by_status.get(RunStatus.DEAD_LETTERED, 0),
         "failure_rate": None if data.failure_rate is None else f"{data.failure_rate * 100:.1f}%",
         "oldest_ready": duration_text(data.oldest_ready_s)
         if data.oldest_ready_s is not None
@@ -473,9 +473,9 @@ def dashboard(request: HttpRequest) -> HttpResponse:
         "failure_chart": mark_safe(failure_bars),
         "ready_chart": mark_safe(ready_bars),
         "schedules_url": _schedules_url(),
-        "statuses": [s.value for s in Status],
+        "statuses": [s.value for s in RunStatus],
         "definition_rows": [
-            (d, [d.by_status.get(s.value, 0) for s in Status]) for d in data.per_definition
+            (d, [d.by_status.get(s.value, 0) for s in RunStatus]) for d in data.per_definition
         ],
     }
     return _render(request, "console/dashboard.html", context)
@@ -486,7 +486,7 @@ def dashboard(request: HttpRequest) -> HttpResponse:
 
 def dead_letters(request: HttpRequest) -> HttpResponse:
     tenant = tenant_of(request)
-    runs = WorkflowInstance.objects.filter(tenant_id=tenant.id, status=Status.DEAD_LETTERED)
+    runs = WorkflowInstance.objects.filter(tenant_id=tenant.id, status=RunStatus.DEAD_LETTERED)
     groups = []
     for row in (
         runs.values("definition_name", "error_code")

@@ -16,7 +16,7 @@ from datetime import datetime, timedelta
 from django.db import connection, transaction
 
 from engine.services import CallContext, Services
-from engine.status import Status
+from engine.status import AbiStatus
 from workflows.models import Invocation
 from workflows.tenancy import tenant_context
 
@@ -83,13 +83,13 @@ def deliver(invocation_id: str, tenant: uuid.UUID, services: Services, now: date
         result = None
         error = f"{type(exc).__name__}: {exc}"
     else:
-        error = result.payload if result.status != Status.OK else ""
+        error = result.payload if result.status != AbiStatus.OK else ""
     with tenant_context(tenant):
         row.attempts += 1
-        if result is not None and result.status == Status.OK:
+        if result is not None and result.status == AbiStatus.OK:
             row.status, row.delivered_at, row.last_error = Invocation.State.DELIVERED, now, ""
         elif (
-            result is not None and result.status == Status.PERMANENT
+            result is not None and result.status == AbiStatus.PERMANENT
         ) or row.attempts >= MAX_ATTEMPTS:
             row.status, row.last_error = Invocation.State.FAILED, error
         else:

@@ -32,13 +32,13 @@ from django.utils import timezone
 from engine.errors import ErrorCode, FenceLost
 from engine.events import EncodedEvent, EventType, decode, encode
 from engine.session import Completed, ContinuedAsNew, Failed, SegmentResult, Suspended
-from engine.status import Status as AbiStatus
+from engine.status import AbiStatus
 from engine.storage import RunRef
 from workflows.models import (
     TERMINAL_STATUSES,
     Promise,
+    RunStatus,
     Signal,
-    Status,
     UpdateRequest,
     WorkflowDefinition,
     WorkflowEvent,
@@ -124,7 +124,7 @@ def claim_ready_instances(
             ]
     with transaction.atomic():
         due = WorkflowInstance.objects.filter(
-            status=Status.READY, next_wake_at__lte=now, task_queue__in=list(task_queues)
+            status=RunStatus.READY, next_wake_at__lte=now, task_queue__in=list(task_queues)
         )
         if tenant is not None:
             due = due.filter(tenant_id=tenant)
@@ -136,7 +136,7 @@ def claim_ready_instances(
         if not ids:
             return []
         WorkflowInstance.objects.filter(id__in=ids).update(
-            status=Status.RUNNING,
+            status=RunStatus.RUNNING,
             assigned_to=worker_id,
             heartbeat_at=now,
             generation=F("generation") + 1,
@@ -161,7 +161,7 @@ def load_run(claim: Claim, worker_id: str) -> LoadedRun | None:
                 id=claim.id,
                 generation=claim.generation,
                 assigned_to=worker_id,
-                status=Status.RUNNING,
+                status=RunStatus.RUNNING,
             )
             .first()
         )
@@ -221,7 +221,7 @@ def _load_in_one_message(claim: Claim, worker_id: str) -> tuple[bool, LoadedRun 
         or not connection.get_autocommit()
     ):
         return False, None
-    fence = [str(claim.id), str(claim.tenant_id), claim.generation, worker_id, Status.RUNNING]
+    fence = [str(claim.id), str(claim.tenant_id), claim.generation, worker_id, RunStatus.RUNNING]
     with connection.cursor() as cursor:
         if not client_side_binding(cursor):
             return False, None
@@ -295,7 +295,7 @@ def finalize_segment(ref: RunRef, result: SegmentResult, now: datetime | None = 
     now = now or timezone.now()
     tenant = uuid.UUID(ref.tenant_id)
     if _complete_in_one_message(tenant, ref, result, now):
-        return Finalized(Status.DONE)
+        return Finalized(RunStatus.DONE)
     with tenant_context(tenant):
         # The fenced lock and the read of the row in one statement (FenceLost if it moved
         # on); the row is saved whole below, event_count and heartbeat_at included.
@@ -331,7 +331,7 @@ def finalize_segment(ref: RunRef, result: SegmentResult, now: datetime | None = 
         successor: WorkflowInstance | None = None
         if isinstance(outcome, Suspended):
             wait = outcome.wait
-            instance.status = Status.READY
+            instance.status = RunStatus.READY
             instance.waiting_on = wait.as_dict()
             recheck = now + wait_recheck()
             wake_at = (
@@ -344,11 +344,11 @@ def finalize_segment(ref: RunRef, result: SegmentResult, now: datetime | None = 
                 instance.next_wake_at = now
             instance.attempt = 1
         elif isinstance(outcome, Completed):
-            _close(instance, Status.DONE, now)
+            _close(instance, RunStatus.DONE, now)
             instance.result = outcome.result
             instance.error = instance.error_code = None
         elif isinstance(outcome, ContinuedAsNew):
-            _close(instance, Status.DONE, now)
+            _close(instance, RunStatus.DONE, now)
             instance.result = json.dumps({"continued_as_new": True})
             successor = _successor(instance, outcome, now)
         elif isinstance(outcome, Failed):
@@ -360,7 +360,7 @@ def finalize_segment(ref: RunRef, result: SegmentResult, now: datetime | None = 
             if instance.parent_id:
                 wake.after_commit(tenant, instance.parent_id)
         if (
-            instance.status == Status.READY
+            instance.status == RunStatus.READY
             and instance.next_wake_at
             and instance.next_wake_at <= now
         ):
@@ -429,7 +429,7 @@ def _complete_in_one_message(
     stored = [encode(e) for e in events]
     params = [
         str(tenant),
-        Status.DONE,
+        RunStatus.DONE,
         now,
         outcome.result,
         json.dumps(result.query_state),
@@ -440,16 +440,16 @@ def _complete_in_one_message(
         ref.tenant_id,
         ref.worker_id,
         ref.generation,
-        Status.RUNNING,
+        RunStatus.RUNNING,
         first,
         *append_params(stored, now),
         UpdateRequest.State.FAILED,
-        f"the run ended ({Status.DONE}) before answering",
+        f"the run ended ({RunStatus.DONE}) before answering",
         now,
         ref.run_id,
         UpdateRequest.State.PENDING,
         ref.run_id,
-        Status.DONE,
+        RunStatus.DONE,
         ref.generation,
     ]
     with connection.cursor() as cursor:
@@ -480,10 +480,10 @@ def _fail(instance: WorkflowInstance, outcome: Failed, now: datetime) -> None:
     definition = instance.definition
     instance.error, instance.error_code = outcome.message, outcome.code.value
     if outcome.code is ErrorCode.NONDETERMINISM:
-        _close(instance, Status.DEAD_LETTERED, now)
+        _close(instance, RunStatus.DEAD_LETTERED, now)
     elif outcome.retryable and instance.attempt < definition.retry_max_attempts:
         forget_failed_call(instance)
-        instance.status = Status.READY
+        instance.status = RunStatus.READY
         instance.next_wake_at = now + timedelta(seconds=definition.retry_delay_s(instance.attempt))
         instance.waiting_on = {
             "kind": "retry",
@@ -492,9 +492,9 @@ def _fail(instance: WorkflowInstance, outcome: Failed, now: datetime) -> None:
         }
         instance.attempt += 1
     elif outcome.retryable:
-        _close(instance, Status.DEAD_LETTERED, now)
+        _close(instance, RunStatus.DEAD_LETTERED, now)
     else:
-        _close(instance, Status.FAILED, now)
+        _close(instance, RunStatus.FAILED, now)
 
 
 # Steps a retry makes again rather than replays: an external call whose failure may not repeat.
@@ -644,7 +644,7 @@ def close_instance(
 
 def terminate_instance(instance: WorkflowInstance, reason: str, now: datetime) -> None:
     close_instance(
-        instance, Status.TERMINATED, now, error=reason, error_code=ErrorCode.TERMINATED.value
+        instance, RunStatus.TERMINATED, now, error=reason, error_code=ErrorCode.TERMINATED.value
     )
 
 
@@ -657,9 +657,9 @@ def release(ref: RunRef, now: datetime | None = None, delay_s: float = 0.0) -> b
             id=ref.run_id,
             assigned_to=ref.worker_id,
             generation=ref.generation,
-            status=Status.RUNNING,
+            status=RunStatus.RUNNING,
         ).update(
-            status=Status.READY, assigned_to=None, next_wake_at=now + timedelta(seconds=delay_s)
+            status=RunStatus.READY, assigned_to=None, next_wake_at=now + timedelta(seconds=delay_s)
         )
     return released == 1
 
@@ -671,7 +671,7 @@ def heartbeat_worker(worker_id: str, now: datetime) -> int:
         with connection.cursor() as cursor:
             cursor.execute("SELECT cleat.heartbeat_worker(%s, %s)", [worker_id, now])
             return int(cursor.fetchone()[0])
-    return WorkflowInstance.objects.filter(assigned_to=worker_id, status=Status.RUNNING).update(
+    return WorkflowInstance.objects.filter(assigned_to=worker_id, status=RunStatus.RUNNING).update(
         heartbeat_at=now
     )
 
@@ -686,9 +686,9 @@ def reap_expired_leases(lease: timedelta, now: datetime) -> int:
             return int(cursor.fetchone()[0])
     with transaction.atomic():
         return WorkflowInstance.objects.filter(
-            status=Status.RUNNING, heartbeat_at__lt=cutoff
+            status=RunStatus.RUNNING, heartbeat_at__lt=cutoff
         ).update(
-            status=Status.READY,
+            status=RunStatus.READY,
             assigned_to=None,
             generation=F("generation") + 1,
             next_wake_at=now,
@@ -702,7 +702,7 @@ def next_due_at(task_queues: Sequence[str], tenant: uuid.UUID | None = None) -> 
             value = cursor.fetchone()[0]
             return value if isinstance(value, datetime) else None
     query = WorkflowInstance.objects.filter(
-        status=Status.READY, task_queue__in=list(task_queues), next_wake_at__isnull=False
+        status=RunStatus.READY, task_queue__in=list(task_queues), next_wake_at__isnull=False
     )
     if tenant is not None:
         query = query.filter(tenant_id=tenant)

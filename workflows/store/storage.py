@@ -24,7 +24,7 @@ from django.utils import timezone
 from engine.cron import cron_error, timezone_error
 from engine.errors import FenceLost, Refused, StorageError
 from engine.events import EncodedEvent, Event, encode
-from engine.status import Status
+from engine.status import AbiStatus
 from engine.storage import (
     AcquireLock,
     ChildOutcome,
@@ -53,6 +53,7 @@ from workflows.models import (
     ConcurrencyKey,
     Invocation,
     Promise,
+    RunStatus,
     Signal,
     Tenant,
     WorkflowDefinition,
@@ -60,9 +61,6 @@ from workflows.models import (
     WorkflowInstance,
     WorkflowState,
     continue_chain,
-)
-from workflows.models import (
-    Status as RunStatus,
 )
 from workflows.models import (
     UpdateRequest as UpdateRequestRow,
@@ -331,7 +329,7 @@ class DjangoStorage:
                     value = int(current) + m.delta
                 except ValueError:
                     raise Refused(
-                        Status.PERMANENT, f"the value of {m.key!r} is not an integer"
+                        AbiStatus.PERMANENT, f"the value of {m.key!r} is not an integer"
                     ) from None
                 if row:
                     row.value = str(value)
@@ -381,10 +379,12 @@ class DjangoStorage:
             case SendSignal():
                 target = find_signal_target(tenant, m.target_id)
                 if target is None:
-                    raise Refused(Status.NOT_FOUND, f"no running workflow {m.target_id}")
+                    raise Refused(AbiStatus.NOT_FOUND, f"no running workflow {m.target_id}")
                 allowed = target.allowed_signals
                 if allowed is not None and m.name not in allowed:
-                    raise Refused(Status.DENIED, f"{m.target_id} does not accept signal {m.name!r}")
+                    raise Refused(
+                        AbiStatus.DENIED, f"{m.target_id} does not accept signal {m.name!r}"
+                    )
                 Signal.objects.create(
                     tenant_id=tenant,
                     instance_id=target.id,
@@ -414,7 +414,7 @@ class DjangoStorage:
                     tenant_id=tenant, id=_uuid_or_none(m.schedule_id)
                 ).delete()
                 if not deleted:
-                    raise Refused(Status.NOT_FOUND, f"no schedule {m.schedule_id}")
+                    raise Refused(AbiStatus.NOT_FOUND, f"no schedule {m.schedule_id}")
                 return None
             case EnqueueInvocation():
                 Invocation.objects.get_or_create(
@@ -617,13 +617,13 @@ def child_outcome(tenant: uuid.UUID, run_id: str) -> ChildOutcome | None:
         WorkflowInstance.objects.filter(tenant_id=tenant, id=as_uuid).first() if as_uuid else None
     )
     if child is None:
-        return ChildOutcome(Status.NOT_FOUND, error=f"no run {run_id}")
+        return ChildOutcome(AbiStatus.NOT_FOUND, error=f"no run {run_id}")
     # Follow continue-as-new to the run that finished.
     child = [child, *continue_chain(child, limit=10_000)][-1]
     if child.status == RunStatus.DONE:
-        return ChildOutcome(Status.OK, result=child.result or "")
+        return ChildOutcome(AbiStatus.OK, result=child.result or "")
     if child.status == RunStatus.TERMINATED:
-        return ChildOutcome(Status.CANCELLED, error=child.error or "terminated")
+        return ChildOutcome(AbiStatus.CANCELLED, error=child.error or "terminated")
     if child.status in TERMINAL_STATUSES:
         return ChildOutcome(child_status(child.error_code), error=child.error or "")
     return None
@@ -643,7 +643,7 @@ def resolve_child_definition(
             preferred=parent_version,
         )
     except NoSuchVersion as exc:
-        raise Refused(Status.NOT_FOUND, exc.message) from None
+        raise Refused(AbiStatus.NOT_FOUND, exc.message) from None
     return defs.get(version=chosen)
 
 
@@ -652,9 +652,9 @@ def settle_promise(
 ) -> Promise:
     promise = Promise.objects.select_for_update().filter(tenant_id=tenant, id=promise_id).first()
     if promise is None:
-        raise Refused(Status.NOT_FOUND, f"no promise {promise_id}")
+        raise Refused(AbiStatus.NOT_FOUND, f"no promise {promise_id}")
     if promise.status != Promise.State.PENDING:
-        raise Refused(Status.PERMANENT, f"promise {promise_id} is already {promise.status}")
+        raise Refused(AbiStatus.PERMANENT, f"promise {promise_id} is already {promise.status}")
     promise.status = Promise.State.REJECTED if rejected else Promise.State.RESOLVED
     promise.value, promise.error, promise.settled_at = value, error, now
     promise.save(update_fields=["status", "value", "error", "settled_at"])
@@ -670,24 +670,24 @@ def create_schedule_from_workflow(
 
     problem = cron_error(m.cron) or timezone_error(m.timezone)
     if problem:
-        raise Refused(Status.PERMANENT, problem)
+        raise Refused(AbiStatus.PERMANENT, problem)
     if not WorkflowDefinition.objects.filter(tenant_id=tenant, name=m.workflow_name).exists():
-        raise Refused(Status.NOT_FOUND, f"no workflow definition named {m.workflow_name!r}")
+        raise Refused(AbiStatus.NOT_FOUND, f"no workflow definition named {m.workflow_name!r}")
     schedule_id = uuid.UUID(m.schedule_id)
     if Schedule.objects.filter(tenant_id=tenant, id=schedule_id).exists():
         return m.schedule_id
     quota = Tenant.objects.filter(id=tenant).values_list("schedule_quota", flat=True).first() or 0
     if Schedule.objects.filter(tenant_id=tenant).count() >= quota:
-        raise Refused(Status.DENIED, f"the tenant's quota of {quota} schedules is reached")
+        raise Refused(AbiStatus.DENIED, f"the tenant's quota of {quota} schedules is reached")
     try:
         json.loads(m.input)
     except json.JSONDecodeError:
-        raise Refused(Status.PERMANENT, "the schedule's input is not valid JSON") from None
+        raise Refused(AbiStatus.PERMANENT, "the schedule's input is not valid JSON") from None
     try:
         # The scheduler takes it from here: the first instant after the step's time.
         first_run = next_fire_time(m.cron, m.timezone, now)
     except CronError as exc:
-        raise Refused(Status.PERMANENT, exc.message) from None
+        raise Refused(AbiStatus.PERMANENT, exc.message) from None
     Schedule.objects.create(
         id=schedule_id,
         tenant_id=tenant,

@@ -22,7 +22,7 @@ from django.db import connection, transaction
 from django.db.models import Q
 from django.utils import timezone
 
-from workflows.models import Status, WorkflowInstance
+from workflows.models import RunStatus, WorkflowInstance
 from workflows.tenancy import tenant_context
 
 log = logging.getLogger("cleat.store")
@@ -35,7 +35,9 @@ def wake_now(tenant: uuid.UUID, instance_id: uuid.UUID | str) -> bool:
     now = timezone.now()
     with tenant_context(tenant):
         woken = (
-            WorkflowInstance.objects.filter(id=instance_id, tenant_id=tenant, status=Status.READY)
+            WorkflowInstance.objects.filter(
+                id=instance_id, tenant_id=tenant, status=RunStatus.READY
+            )
             .filter(Q(next_wake_at__isnull=True) | Q(next_wake_at__gt=now))
             .update(next_wake_at=now)
         )
