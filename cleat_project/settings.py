@@ -157,7 +157,7 @@ SPECTACULAR_SETTINGS = {
     "SWAGGER_UI_FAVICON_HREF": "SIDECAR",
     "REDOC_DIST": "SIDECAR",
     "ENUM_NAME_OVERRIDES": {
-        "RunStatusEnum": "workflows.models.Status",
+        "RunStatusEnum": "workflows.models.RunStatus",
         "PromiseStatusEnum": "workflows.models.Promise.State",
         "UpdateStatusEnum": "workflows.models.UpdateRequest.State",
         "ErrorCodeEnum": "workflows.models.ERROR_CODE_CHOICES",
