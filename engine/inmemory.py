@@ -19,7 +19,7 @@ from typing import Any
 from engine import lifecycle
 from engine.cron import cron_error, timezone_error
 from engine.errors import FenceLost, Refused, StorageError
-from engine.events import EncodedEvent, Event, decode, encode
+from engine.events import AdminActionEvent, EncodedEvent, Event, decode, encode
 from engine.session import SegmentResult, Suspended
 from engine.status import Status
 from engine.storage import (
@@ -294,35 +294,66 @@ class InMemoryStorage:
             run = self._fenced(ref)
             run.status, run.worker_id, run.due_ms = "ready", "", self.clock()
 
-    def _close(self, run_id: str, action: str, transition: lifecycle.Transition) -> None:
+    def _close(
+        self,
+        run_id: str,
+        action: str,
+        transition: lifecycle.Transition,
+        operator: str | None,
+        reason: str,
+    ) -> None:
         """Close a run from outside its segment, whoever holds it: the generation bump
-        fences out its worker."""
+        fences out its worker. An operator's close is kept in the history (an
+        ``admin_action`` annotation, as the database store's audit writes it)."""
         run = self.runs.get(run_id)
         if run is None:
             raise Refused(Status.NOT_FOUND, f"no run {run_id}")
         refusal = lifecycle.close_refusal(action, run.status)
         if refusal is not None:
             raise Refused(Status.PERMANENT, f"run {run_id} is {refusal}")
+        if operator is not None:
+            step = len(run.history)
+            self._append(
+                run,
+                [
+                    AdminActionEvent(
+                        step=step, ts=self.clock(), action=action, operator=operator, reason=reason
+                    )
+                ],
+            )
         run.generation += 1
         run.worker_id = ""
         self._apply(run, transition)
 
-    def terminate(self, run_id: str, reason: str) -> None:
+    def terminate(self, run_id: str, reason: str, *, operator: str | None = None) -> None:
+        """Terminate a run: by an operator (``operator``), or as its parent's close policy
+        (a child already ended is left alone)."""
         with self._lock:
             run = self.runs[run_id]
-            if run.status in TERMINAL:
-                return  # a child already closed: nothing to terminate
-            self._close(run_id, "terminate", lifecycle.terminate(run.workflow_id, reason))
+            if operator is None and run.status in TERMINAL:
+                return
+            transition = lifecycle.terminate(run.workflow_id, reason)
+            self._close(run_id, "terminate", transition, operator, reason)
 
-    def force_complete(self, run_id: str, result: str) -> None:
+    def force_complete(
+        self, run_id: str, result: str, *, operator: str = "operator", reason: str = ""
+    ) -> None:
         with self._lock:
-            run = self.runs[run_id]
-            self._close(run_id, "force_complete", lifecycle.force_complete(run.workflow_id, result))
+            transition = lifecycle.force_complete(self.runs[run_id].workflow_id, result)
+            self._close(run_id, "force_complete", transition, operator, reason)
 
-    def force_fail(self, run_id: str, message: str, code: str = "error") -> None:
+    def force_fail(
+        self,
+        run_id: str,
+        message: str,
+        code: str = "error",
+        *,
+        operator: str = "operator",
+        reason: str = "",
+    ) -> None:
         with self._lock:
-            run = self.runs[run_id]
-            self._close(run_id, "force_fail", lifecycle.force_fail(run.workflow_id, message, code))
+            transition = lifecycle.force_fail(self.runs[run_id].workflow_id, message, code)
+            self._close(run_id, "force_fail", transition, operator, reason)
 
     def cancel(self, run_id: str, reason: str) -> None:
         with self._lock:
@@ -594,6 +625,7 @@ class InMemoryStorage:
             "error": run.error,
             "error_code": run.error_code,
             "waiting_on": (run.waiting_on or {}).get("description"),
+            "attempt": run.attempt,
             "query_state": dict(run.query_state),
             "continued_as": run.continued_as,
             "events": len(run.history),

@@ -225,15 +225,19 @@ class WorkflowEnvironment:
     def cancel(self, run_id: str, reason: str = "cancelled by test") -> None:
         self.storage.cancel(run_id, reason)
 
+    # An operator's closes: refused (Refused) for a run whose status does not allow them,
+    # kept in its history as an admin_action annotation, as under the database store.
+
     def terminate(self, run_id: str, reason: str = "terminated by test") -> None:
-        self.storage.terminate(run_id, reason)
+        self.storage.terminate(run_id, reason, operator="test")
 
     def force_complete(self, run_id: str, result: Any = None) -> None:
         """An operator's answer for a run: it ends ``done`` with ``result``."""
-        self.storage.force_complete(run_id, "null" if result is None else dumps(result))
+        text = "null" if result is None else dumps(result)
+        self.storage.force_complete(run_id, text, operator="test")
 
     def force_fail(self, run_id: str, message: str, code: str = "error") -> None:
-        self.storage.force_fail(run_id, message, code)
+        self.storage.force_fail(run_id, message, code, operator="test")
 
     def resolve_promise(self, promise_id: str, value: Any) -> None:
         self.storage.settle_promise(promise_id, value=dumps(value))
