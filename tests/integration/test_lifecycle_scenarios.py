@@ -573,6 +573,7 @@ def test_a_lock_is_released_when_its_holder_ends(make_env: MakeEnv, ending: str)
     assert env.status(holder) == status
     assert env.locks() == {}
     assert env.result(env.run("taker")) == [1]
+    assert env.locks() == {}  # the taker's own end (one plain segment) gave it back
 
 
 def test_a_lock_is_kept_while_a_run_waits_for_its_retry(make_env: MakeEnv) -> None:

@@ -240,6 +240,39 @@ def test_a_completion_whose_claim_moved_on_writes_nothing(make_env: Any) -> None
     assert (info["status"], info["result"], info["events"]) == (Status.RUNNING, None, 0)
 
 
+def test_the_one_message_completion_releases_the_workflows_locks(
+    make_env: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A run that takes a lock and completes in one plain segment gives the lock back; on
+    PostgreSQL that completion is the one-message fast path, elsewhere the general path."""
+    from django.db import connection
+
+    from workflows.models import ConcurrencyKey
+    from workflows.store import lifecycle
+
+    taken: list[bool] = []
+    fast = lifecycle._complete_in_one_message
+
+    def spy(*args: Any) -> bool:
+        taken.append(fast(*args))
+        return taken[-1]
+
+    monkeypatch.setattr(lifecycle, "_complete_in_one_message", spy)
+    w = Wat()
+    w.run(f"(call $recn (call $acquire_lock {w.s('k')} (i64.const 0))) (call $finish)")
+    env = make_env()
+    env.deploy("locker", w.wasm())
+    with tenant_context(env.tenant.id):
+        ConcurrencyKey.objects.create(tenant=env.tenant, key="other", holder="someone else")
+    run = env.run("locker")
+    assert env.result(run) == [1]
+    assert taken == [connection.vendor == "postgresql"]
+    with tenant_context(env.tenant.id):
+        assert list(ConcurrencyKey.objects.values_list("key", "holder")) == [
+            ("other", "someone else")
+        ]
+
+
 @pytest.mark.postgres_only
 def test_postgres_runs_a_plain_segment_in_four_statements_with_the_general_paths_outcome(
     make_env: Any, monkeypatch: pytest.MonkeyPatch
