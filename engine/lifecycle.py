@@ -50,8 +50,9 @@ TERMINATED = "terminated"
 
 ENDED = frozenset({DONE, FAILED, DEAD_LETTERED, TERMINATED})
 
-# The result a continued run keeps (its real answer is its successor's).
-CONTINUED_RESULT = '{"continued_as_new":true}'
+# The result a continued run keeps (its real answer is its successor's), as the database
+# store has always written it.
+CONTINUED_RESULT = '{"continued_as_new": true}'
 
 
 @dataclass(frozen=True)

@@ -180,10 +180,6 @@ class WorkflowDefinition(TenantScoped):
             max_interval_s=self.retry_max_interval_s,
         )
 
-    def retry_delay_s(self, attempt: int) -> float:
-        """Backoff before retry ``attempt`` (1-based)."""
-        return self.retry_policy.delay_s(attempt)
-
 
 class VersionTag(TenantScoped):
     """A named pointer to a version ("stable", "canary")."""

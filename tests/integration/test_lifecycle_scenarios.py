@@ -210,6 +210,7 @@ def test_continue_as_new_chains_runs_that_share_state(make_env: MakeEnv) -> None
     assert [env.status(r) for r in runs] == ["done", "done", "done"]
     assert {env.describe(r)["workflow_id"] for r in runs} == {first}
     assert env.result(first) == [3, [0, '{"again":true}']]
+    assert {json.loads(env.describe(r)["result"])["continued_as_new"] for r in runs[:-1]} == {True}
     assert types(env, first) == ["state_mutation", "continue_as_new"]
     assert types(env, runs[-1]) == ["state_mutation"]
 
