@@ -246,7 +246,8 @@ class InMemoryStorage:
                 if signal.run_id == run.run_id and not signal.consumed:
                     signal.run_id = successor
         if transition.release_locks_of is not None:
-            for key in [k for k, (holder, _) in self.locks.items() if holder == run.workflow_id]:
+            holder = transition.release_locks_of
+            for key in [k for k, (held_by, _) in self.locks.items() if held_by == holder]:
                 del self.locks[key]
         if transition.ended:
             self._close_children(run)
@@ -305,9 +306,7 @@ class InMemoryStorage:
         """Close a run from outside its segment, whoever holds it: the generation bump
         fences out its worker. An operator's close is kept in the history (an
         ``admin_action`` annotation, as the database store's audit writes it)."""
-        run = self.runs.get(run_id)
-        if run is None:
-            raise Refused(Status.NOT_FOUND, f"no run {run_id}")
+        run = self._run(run_id)
         refusal = lifecycle.close_refusal(action, run.status)
         if refusal is not None:
             raise Refused(Status.PERMANENT, f"run {run_id} is {refusal}")
@@ -325,11 +324,17 @@ class InMemoryStorage:
         run.worker_id = ""
         self._apply(run, transition)
 
+    def _run(self, run_id: str) -> RunRecord:
+        run = self.runs.get(run_id)
+        if run is None:
+            raise Refused(Status.NOT_FOUND, f"no run {run_id}")
+        return run
+
     def terminate(self, run_id: str, reason: str, *, operator: str | None = None) -> None:
         """Terminate a run: by an operator (``operator``), or as its parent's close policy
         (a child already ended is left alone)."""
         with self._lock:
-            run = self.runs[run_id]
+            run = self._run(run_id)
             if operator is None and run.status in TERMINAL:
                 return
             transition = lifecycle.terminate(run.workflow_id, reason)
@@ -339,7 +344,7 @@ class InMemoryStorage:
         self, run_id: str, result: str, *, operator: str = "operator", reason: str = ""
     ) -> None:
         with self._lock:
-            transition = lifecycle.force_complete(self.runs[run_id].workflow_id, result)
+            transition = lifecycle.force_complete(self._run(run_id).workflow_id, result)
             self._close(run_id, "force_complete", transition, operator, reason)
 
     def force_fail(
@@ -352,7 +357,7 @@ class InMemoryStorage:
         reason: str = "",
     ) -> None:
         with self._lock:
-            transition = lifecycle.force_fail(self.runs[run_id].workflow_id, message, code)
+            transition = lifecycle.force_fail(self._run(run_id).workflow_id, message, code)
             self._close(run_id, "force_fail", transition, operator, reason)
 
     def cancel(self, run_id: str, reason: str) -> None:

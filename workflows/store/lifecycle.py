@@ -7,10 +7,14 @@ UPDATE SKIP LOCKED`` then an ``UPDATE``; on SQLite the single writer lock of an 
 transaction serialises claims.
 
 The finalize is one fenced transaction: it appends the segment's remaining events, marks
-consumed signals and answered updates, and sets the new status -- ``done``, ``failed``,
-``dead_lettered`` or ``ready`` with ``next_wake_at`` -- or, for continue-as-new, completes
-this run and creates its successor. When the claim is no longer current it touches nothing
-(:class:`FenceLost`).
+consumed signals and answered updates, and applies the transition the run's state machine
+(:mod:`engine.lifecycle`) decides -- ``done``, ``failed``, ``dead_lettered`` or ``ready`` with
+``next_wake_at``, or, for continue-as-new, this run done and its successor created. Nothing
+here decides a status: :func:`apply_transition` writes what the rule returned and, at a run's
+end, gives back what the run holds (children closed by their policy, pending updates failed,
+the workflow's locks released, the parent woken). Closes from outside (terminate,
+force-complete, force-fail: :func:`close_instance`) apply the rule's transitions the same way.
+When the claim is no longer current the finalize touches nothing (:class:`FenceLost`).
 """
 
 from __future__ import annotations

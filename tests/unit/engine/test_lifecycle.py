@@ -156,3 +156,30 @@ def test_the_workers_report_of_each_outcome() -> None:
     wait = WaitCondition(WaitKind.SIGNALS, signals=("go",))
     assert lifecycle.outcome_kind(Suspended(wait)) == ("suspended", "signals go")
     assert lifecycle.outcome_kind(ContinuedAsNew("{}", 0)) == ("continued", "")
+
+
+def test_the_in_memory_store_refuses_the_closes_the_rule_refuses() -> None:
+    """engine.testing's operator closes go through close_refusal, as the services' do: an
+    ended run cannot be terminated or force-failed, a done one not force-completed; an
+    unknown run is NOT_FOUND."""
+    from engine.errors import Refused
+    from engine.testing import WorkflowEnvironment
+    from tests.fixtures.wat import Wat
+
+    w = Wat()
+    w.run("(call $finish)")
+    env = WorkflowEnvironment()
+    env.deploy("quick", w.wasm())
+    run = env.run("quick")
+    for close in (
+        lambda: env.terminate(run),
+        lambda: env.force_fail(run, "no"),
+        lambda: env.force_complete(run, 1),
+    ):
+        with pytest.raises(Refused, match="is already done") as refused:
+            close()
+        assert refused.value.status == Status.PERMANENT
+    assert env.history(run) == []  # a refused close writes nothing
+    with pytest.raises(Refused) as missing:
+        env.terminate("no-such-run")
+    assert missing.value.status == Status.NOT_FOUND
