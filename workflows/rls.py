@@ -23,7 +23,8 @@ from typing import Any
 
 from django.conf import settings
 
-# Tenant-scoped tables of this app (the schedules app adds its own in its migration).
+# Tenant-scoped tables of this app. Each app declares its own (register_tables, in its
+# AppConfig.ready, and its migrations secure them): this module lists no other app's.
 WORKFLOW_TABLES = (
     "workflows_apikey",
     "workflows_workflowdefinition",
@@ -39,6 +40,19 @@ WORKFLOW_TABLES = (
     "workflows_invocation",
     "workflows_auditlog",
 )
+
+_tenant_tables: dict[str, tuple[str, ...]] = {"workflows": WORKFLOW_TABLES}
+
+
+def register_tables(app_label: str, tables: tuple[str, ...]) -> None:
+    """Declare an app's tenant-scoped tables: :func:`bypass_reasons` (``check_rls``, the
+    worker's start-up check) then checks them with the rest."""
+    _tenant_tables[app_label] = tuple(tables)
+
+
+def tenant_tables() -> tuple[str, ...]:
+    """Every declared tenant-scoped table, app by app."""
+    return tuple(table for tables in _tenant_tables.values() for table in tables)
 
 
 def app_role() -> str:
@@ -231,9 +245,7 @@ def bypass_reasons(connection: Any, tables: tuple[str, ...] | None = None) -> li
     An empty list means RLS is enforced on it."""
     if connection.vendor != "postgresql":
         return []
-    from schedules.rls import SCHEDULE_TABLES
-
-    tables = tables or (*WORKFLOW_TABLES, *SCHEDULE_TABLES)
+    tables = tables or tenant_tables()
     reasons: list[BypassReason] = []
     with connection.cursor() as cursor:
         cursor.execute(

@@ -36,6 +36,7 @@ from django.db import close_old_connections, connection
 from django.utils import timezone
 from prometheus_client import Counter, Gauge, Histogram
 
+from workflows import duties
 from workflows.executor import SegmentReport, execute_claim, get_services
 from workflows.store import invocations, wake
 from workflows.store.lifecycle import (
@@ -130,13 +131,9 @@ class Worker:
         self.processed = 0
         self._listener: _PgListener | None = None
         self._next_invocation_check = 0.0
-        # Cron schedules tick from this loop (CLEAT_SCHEDULER_IN_WORKER; see schedules/).
-        from schedules.scheduler import ScheduleTicker, scheduler_in_worker
-
-        self._schedules = (
-            ScheduleTicker(options.tenant, options.poll_interval_s)
-            if scheduler_in_worker()
-            else None
+        # What the apps above registered (the schedules app's tick, see workflows/duties.py).
+        self._duties = duties.start(
+            duties.WorkerContext(options.worker_id, options.tenant, options.poll_interval_s)
         )
 
     def stop(self, *_: Any) -> None:
@@ -181,8 +178,7 @@ class Worker:
                     self._wake.clear()
                     self._freed.clear()
                     _tidy_connection()
-                    if self._schedules is not None:  # before `now`: the claim takes what fired
-                        self._schedules.run_due(timezone.now())
+                    self._run_duties()  # before `now`: the claim takes the runs they started
                     now = timezone.now()
                     tick = time.monotonic()
                     if self._inflight and tick - last_beat >= opts.lease_s / 3:
@@ -237,6 +233,16 @@ class Worker:
             close_old_connections()
             log.info("event=worker_stopped worker=%s processed=%d", opts.worker_id, self.processed)
         return self.processed
+
+    def _run_duties(self) -> None:
+        """Each registered duty's due work. One that raises is logged and the others (and
+        the claim) still run."""
+        for name, duty in self._duties:
+            try:
+                duty.run_due(timezone.now())
+            except Exception:
+                LOOP_ERRORS.inc()
+                log.exception("event=duty_error duty=%s worker=%s", name, self.options.worker_id)
 
     def _deliver_invocations(self, now: Any) -> None:
         """Calls workflows handed to the host (durable_send, durable_schedule_invoke)."""
@@ -307,14 +313,17 @@ class Worker:
         INFLIGHT.set(len(self._inflight))
 
     def _idle(self, now: Any) -> None:
-        """Sleep until the next run is due, a NOTIFY arrives, a segment finishes, the next
-        schedule instant, or the poll interval passes -- whichever comes first. With no free
+        """Sleep until the next run is due, a NOTIFY arrives, a segment finishes, a duty's
+        next instant, or the poll interval passes -- whichever comes first. With no free
         slot a NOTIFY cannot be acted on: sleep until a segment finishes instead (the
         notified run is claimed then)."""
         opts = self.options
         timeout = opts.poll_interval_s
-        if self._schedules is not None:  # wake for the next schedule instant too
-            timeout = min(timeout, self._schedules.seconds_until_due(now))
+        for name, duty in self._duties:  # wake for a duty's next instant too
+            try:
+                timeout = min(timeout, duty.seconds_until_due(now))
+            except Exception:
+                log.exception("event=duty_error duty=%s worker=%s", name, opts.worker_id)
         if self._free_slots() <= 0:
             if timeout > 0:
                 self._freed.wait(timeout)

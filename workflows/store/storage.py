@@ -11,7 +11,6 @@ two instance locks at once.
 
 from __future__ import annotations
 
-import json
 import uuid
 from collections.abc import Callable, Collection, Sequence
 from datetime import datetime, timedelta
@@ -20,7 +19,6 @@ from typing import Any
 from django.db import IntegrityError, connection, transaction
 from django.utils import timezone
 
-from engine.cron import cron_error, timezone_error
 from engine.errors import FenceLost, Refused, StorageError
 from engine.events import EncodedEvent, Event, encode
 from engine.status import Status
@@ -52,7 +50,6 @@ from workflows.models import (
     Invocation,
     Promise,
     Signal,
-    Tenant,
     WorkflowDefinition,
     WorkflowEvent,
     WorkflowInstance,
@@ -64,7 +61,7 @@ from workflows.models import (
 from workflows.models import (
     UpdateRequest as UpdateRequestRow,
 )
-from workflows.store import wake
+from workflows.store import crons, wake
 from workflows.tenancy import TENANT_SETTING, tenant_context
 
 
@@ -411,15 +408,9 @@ class DjangoStorage:
                 settle_promise(tenant, m.promise_id, m.value, m.error, m.rejected, now)
                 return None
             case CreateSchedule():
-                return create_schedule_from_workflow(tenant, ref, m, now)
+                return crons.create(tenant, ref, m, now)
             case DeleteSchedule():
-                from schedules.models import Schedule
-
-                deleted, _ = Schedule.objects.filter(
-                    tenant_id=tenant, id=_uuid_or_none(m.schedule_id)
-                ).delete()
-                if not deleted:
-                    raise Refused(Status.NOT_FOUND, f"no schedule {m.schedule_id}")
+                crons.delete(tenant, m)
                 return None
             case EnqueueInvocation():
                 Invocation.objects.get_or_create(
@@ -538,22 +529,8 @@ class DjangoStorage:
             return sorted(keys)
 
     def list_schedules(self, run: RunRef) -> list[dict[str, Any]]:
-        from schedules.models import Schedule
-
         with tenant_context(self.tenant_id):
-            rows = Schedule.objects.filter(tenant_id=self.tenant_id).order_by("created_at", "id")
-            return [
-                {
-                    "id": str(s.id),
-                    "name": s.name,
-                    "workflow_name": s.workflow_name,
-                    "cron": s.cron,
-                    "timezone": s.timezone,
-                    "input": s.input,
-                    "enabled": s.enabled,
-                }
-                for s in rows
-            ]
+            return crons.list_schedules(self.tenant_id)
 
     def pending_updates(self, run: RunRef, exclude: Collection[str]) -> list[UpdateRequest]:
         with tenant_context(self.tenant_id):
@@ -671,47 +648,6 @@ def settle_promise(
     promise.save(update_fields=["status", "value", "error", "settled_at"])
     wake.after_commit(tenant, promise.instance_id)
     return promise
-
-
-def create_schedule_from_workflow(
-    tenant: uuid.UUID, ref: RunRef, m: CreateSchedule, now: datetime
-) -> str:
-    from schedules.cron import CronError, next_fire_time
-    from schedules.models import Schedule
-
-    problem = cron_error(m.cron) or timezone_error(m.timezone)
-    if problem:
-        raise Refused(Status.PERMANENT, problem)
-    if not WorkflowDefinition.objects.filter(tenant_id=tenant, name=m.workflow_name).exists():
-        raise Refused(Status.NOT_FOUND, f"no workflow definition named {m.workflow_name!r}")
-    schedule_id = uuid.UUID(m.schedule_id)
-    if Schedule.objects.filter(tenant_id=tenant, id=schedule_id).exists():
-        return m.schedule_id
-    quota = Tenant.objects.filter(id=tenant).values_list("schedule_quota", flat=True).first() or 0
-    if Schedule.objects.filter(tenant_id=tenant).count() >= quota:
-        raise Refused(Status.DENIED, f"the tenant's quota of {quota} schedules is reached")
-    try:
-        json.loads(m.input)
-    except json.JSONDecodeError:
-        raise Refused(Status.PERMANENT, "the schedule's input is not valid JSON") from None
-    try:
-        # The scheduler takes it from here: the first instant after the step's time.
-        first_run = next_fire_time(m.cron, m.timezone, now)
-    except CronError as exc:
-        raise Refused(Status.PERMANENT, exc.message) from None
-    Schedule.objects.create(
-        id=schedule_id,
-        tenant_id=tenant,
-        name=f"{m.workflow_name}-{m.schedule_id[:8]}",
-        workflow_name=m.workflow_name,
-        cron=m.cron,
-        timezone=m.timezone,
-        input=m.input,
-        next_run_at=first_run,
-        created_by_run=_uuid_or_none(ref.run_id),
-        created_at=now,
-    )
-    return m.schedule_id
 
 
 __all__ = [
