@@ -38,7 +38,7 @@ from prometheus_client import Counter, Gauge, Histogram
 
 from workflows import duties
 from workflows.executor import SegmentReport, execute_claim, get_services
-from workflows.store import invocations, wake
+from workflows.store import invocations
 from workflows.store.lifecycle import (
     Claim,
     claim_ready_instances,
@@ -46,6 +46,7 @@ from workflows.store.lifecycle import (
     next_due_at,
     reap_expired_leases,
 )
+from workflows.store.sql import queries
 
 log = logging.getLogger("cleat.worker")
 
@@ -163,8 +164,9 @@ class Worker:
             opts.burst,
         )
         _freeze_long_lived_objects()
-        if connection.vendor == "postgresql" and not opts.burst:
-            self._listener = _PgListener(connection.get_connection_params(), self._wake.set)
+        listen = queries(connection).get("listen_wake")
+        if listen is not None and not opts.burst:
+            self._listener = _PgListener(connection.get_connection_params(), listen, self._wake.set)
             self._listener.start()
         pool = ThreadPoolExecutor(max_workers=opts.concurrency, thread_name_prefix="cleat-segment")
         lease = timedelta(seconds=opts.lease_s)
@@ -347,12 +349,13 @@ class _PgListener(threading.Thread):
     CHECK_S = 0.5  # how often a quiet listener looks at its closing flag
     BACKOFF_S = (0.5, 30.0)  # first and longest wait before re-connecting
 
-    def __init__(self, params: dict[str, Any], wake: Callable[[], None]) -> None:
+    def __init__(self, params: dict[str, Any], listen: str, wake: Callable[[], None]) -> None:
         super().__init__(name="cleat-listen", daemon=True)
         params = dict(params)
         params.pop("cursor_factory", None)
         params.pop("context", None)
         self._params = params
+        self._listen = listen
         self._on_notify = wake
         self._closing = threading.Event()
         self.connected = threading.Event()
@@ -365,7 +368,7 @@ class _PgListener(threading.Thread):
         while not self._closing.is_set():
             try:
                 self._conn = psycopg.connect(**self._params, autocommit=True)
-                self._conn.execute(f"LISTEN {wake.NOTIFY_CHANNEL}")
+                self._conn.execute(self._listen)
                 self.connected.set()
                 if failures:
                     log.info("event=listen_restored")

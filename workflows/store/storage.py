@@ -62,7 +62,8 @@ from workflows.models import (
     UpdateRequest as UpdateRequestRow,
 )
 from workflows.store import crons, wake
-from workflows.tenancy import TENANT_SETTING, tenant_context
+from workflows.store.sql import queries
+from workflows.tenancy import tenant_context
 
 
 def lock_fenced(ref: RunRef) -> int:
@@ -151,42 +152,6 @@ def append_locked(
     return expected
 
 
-# PostgreSQL: the fence and the append of a per-step flush in one statement. The UPDATE
-# matches only the claimed row (owner, generation, running) whose history ends right before
-# the first new step, and takes its row lock; the INSERT selects from its RETURNING, so it
-# inserts nothing unless the fence matched. RLS applies to both (the tenant is set first).
-#
-# The INSERT part is shared with the one-message finalize (``store.lifecycle``): a CTE named
-# ``appended`` inserting the events from a CTE ``fence`` (RETURNING ``id, tenant_id``), with
-# the parameters of :func:`append_params`.
-APPEND_FROM_FENCE_SQL = f"""appended AS (
-    INSERT INTO {WorkflowEvent._meta.db_table}
-           (tenant_id, instance_id, step, type_code, payload, timestamp_ms, checksum,
-            intent_at, created_at)
-    SELECT fence.tenant_id, fence.id, e.step, e.type_code, e.payload, e.ts, e.checksum,
-           e.intent_at, %s
-      FROM fence,
-           unnest(%s::integer[], %s::smallint[], %s::text[], %s::bigint[], %s::varchar[],
-                  %s::timestamptz[]) AS e(step, type_code, payload, ts, checksum, intent_at)
-    RETURNING 1
-)"""
-_FENCED_APPEND_SQL = f"""
-WITH fence AS (
-    UPDATE {WorkflowInstance._meta.db_table}
-       SET event_count = %s, heartbeat_at = %s
-     WHERE id = %s AND tenant_id = %s AND assigned_to = %s AND generation = %s
-       AND status = %s AND event_count = %s
-    RETURNING id, tenant_id
-), {APPEND_FROM_FENCE_SQL}
-SELECT count(*) FROM fence
-"""
-# Outside a transaction, with client-side binding (Django's default for psycopg 3), the
-# tenant and the statement go in one simple-protocol message: PostgreSQL runs the statements
-# of one message as one implicit transaction (set_config(..., true) is local to it; an error
-# rolls all of it back), so a step costs one round trip and one commit.
-SET_TENANT_SQL = f"SELECT set_config('{TENANT_SETTING}', %s, true);"
-
-
 def contiguous(events: Sequence[Event]) -> bool:
     """The events' steps follow one another (what the one-statement appends require)."""
     first = events[0].step if events else 0
@@ -194,7 +159,8 @@ def contiguous(events: Sequence[Event]) -> bool:
 
 
 def append_params(stored: Sequence[EncodedEvent], now: datetime) -> list[Any]:
-    """The parameters of :data:`APPEND_FROM_FENCE_SQL`: ``created_at`` and the event arrays."""
+    """The parameters of the events' INSERT shared by ``fenced_append`` and ``finalize_done``
+    (``APPEND_FROM_FENCE_SQL`` in sql/postgresql.py): ``created_at`` and the event arrays."""
     return [
         now,
         [s.step for s in stored],
@@ -215,7 +181,8 @@ def fenced_append(
     written -- not PostgreSQL, an unusual batch, or the row did not match (fence lost, a
     gap, a retried flush): the caller then takes the general path (:func:`lock_fenced` +
     :func:`append_locked`), which tells those cases apart."""
-    if connection.vendor != "postgresql" or not events:
+    sql = queries(connection)
+    if "fenced_append" not in sql or not events:
         return False
     if not contiguous(events):
         return False
@@ -235,12 +202,14 @@ def fenced_append(
     if not connection.in_atomic_block and connection.get_autocommit():
         with connection.cursor() as cursor:
             if client_side_binding(cursor):
-                cursor.execute(SET_TENANT_SQL + _FENCED_APPEND_SQL, [str(tenant_id), *params])
+                cursor.execute(
+                    sql["set_tenant_in_message"] + sql["fenced_append"], [str(tenant_id), *params]
+                )
                 cursor.nextset()
                 row = cursor.fetchone()
                 return bool(row and row[0] == 1)
     with tenant_context(tenant_id), connection.cursor() as cursor:
-        cursor.execute(_FENCED_APPEND_SQL, params)
+        cursor.execute(sql["fenced_append"], params)
         row = cursor.fetchone()
     return bool(row and row[0] == 1)
 
