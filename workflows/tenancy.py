@@ -18,6 +18,8 @@ from contextlib import contextmanager
 
 from django.db import connections, transaction
 
+from workflows.store.sql import queries
+
 TENANT_SETTING = "cleat.tenant_id"
 
 _current: contextvars.ContextVar[uuid.UUID | None] = contextvars.ContextVar(
@@ -42,18 +44,14 @@ def current_tenant_or_none() -> uuid.UUID | None:
 
 def _set_database_tenant(using: str, tenant: uuid.UUID | None) -> None:
     conn = connections[using]
-    if conn.vendor == "microsoft":  # SQL Server security policy (untested here)
+    sql = queries(conn)
+    if "set_session_tenant" in sql:  # SQL Server security policy (untested here)
         with conn.cursor() as cursor:
-            cursor.execute(
-                "EXEC sp_set_session_context @key = N'cleat.tenant_id', @value = %s",
-                [str(tenant) if tenant else None],
-            )
+            cursor.execute(sql["set_session_tenant"], [str(tenant) if tenant else None])
         return
-    if conn.vendor == "postgresql":
+    if "set_tenant" in sql:
         with conn.cursor() as cursor:
-            cursor.execute(
-                "SELECT set_config(%s, %s, true)", [TENANT_SETTING, str(tenant) if tenant else ""]
-            )
+            cursor.execute(sql["set_tenant"], [TENANT_SETTING, str(tenant) if tenant else ""])
 
 
 @contextmanager
