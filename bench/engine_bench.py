@@ -36,9 +36,10 @@ from engine import runtime as runtime_module
 from engine.config import EngineConfig
 from engine.events import EncodedEvent
 from engine.inmemory import InMemoryStorage
+from engine.outcomes import Completed
 from engine.runtime import WASMTIME_VERSION, CoreInstance, LoadedModule, ModuleCache, WasmRuntime
 from engine.services import CallContext, CallResult, Services
-from engine.session import Completed, Reply, RunInfo
+from engine.session import Reply, RunInfo
 
 T = TypeVar("T")
 

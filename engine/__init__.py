@@ -19,19 +19,19 @@ from engine.errors import (
     UnsupportedAbiVersion,
 )
 from engine.events import EncodedEvent, Event, EventType
-from engine.runtime import LoadedModule, ModuleInfo, WasmRuntime, detect_kind
-from engine.services import CallContext, CallResult, Services
-from engine.session import (
+from engine.outcomes import (
     Completed,
     ContinuedAsNew,
     Failed,
     Outcome,
-    RunInfo,
     SegmentResult,
     Suspended,
     WaitCondition,
     WaitKind,
 )
+from engine.runtime import LoadedModule, ModuleInfo, WasmRuntime, detect_kind
+from engine.services import CallContext, CallResult, Services
+from engine.session import RunInfo
 from engine.status import Status
 from engine.storage import RunRef, WorkflowStorage
 

@@ -78,17 +78,10 @@ from engine.errors import (
     WorkflowExit,
 )
 from engine.events import EncodedEvent, UpdateAppliedEvent
+from engine.outcomes import AppliedUpdate, Outcome, SegmentResult, failed
 from engine.runtime import LoadedModule, ModuleCache, ModuleInfo, WasmRuntime, _CallerContext
 from engine.services import Services
-from engine.session import (
-    AppliedUpdate,
-    ExecutionSession,
-    Outcome,
-    Reply,
-    RunInfo,
-    SegmentResult,
-    failed,
-)
+from engine.session import ExecutionSession, Reply, RunInfo
 from engine.status import Status
 from engine.storage import WorkflowStorage
 

@@ -60,19 +60,17 @@ from engine.errors import (
     WorkflowExit,
 )
 from engine.events import EncodedEvent
-from engine.services import Services
-from engine.session import (
+from engine.outcomes import (
     ContinueAsNew,
     ContinuedAsNew,
-    ExecutionSession,
     Outcome,
-    Reply,
-    RunInfo,
     SegmentResult,
     Suspend,
     Suspended,
     failed,
 )
+from engine.services import Services
+from engine.session import ExecutionSession, Reply, RunInfo
 from engine.status import Status
 from engine.storage import WorkflowStorage
 

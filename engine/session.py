@@ -43,14 +43,11 @@ import threading
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from datetime import UTC, datetime
-from enum import StrEnum
 from typing import Any, NamedTuple, Protocol, TypeVar
 
 from engine.config import EngineConfig
 from engine.determinism import IdempotencyKeys, derived_uuid, random_i64, run_seed
 from engine.errors import (
-    RETRYABLE_CODES,
     EngineError,
     ErrorCode,
     FenceLost,
@@ -105,6 +102,20 @@ from engine.events import (
     describe_call,
     record_maker,
     verify,
+)
+from engine.outcomes import (
+    AppliedUpdate,
+    Completed,
+    ContinueAsNew,
+    ContinuedAsNew,
+    Failed,
+    Outcome,
+    SegmentResult,
+    Suspend,
+    Suspended,
+    WaitCondition,
+    WaitKind,
+    failed,
 )
 from engine.services import CallContext, CallResult, Services
 from engine.status import Status, status_from_byte
@@ -164,136 +175,6 @@ class RunInfo:
     min_version: int = 0
     # Events after which the run continues as new; None: the engine configuration's.
     max_history_events: int | None = None
-
-
-class WaitKind(StrEnum):
-    TIMER = "timer"
-    RETRY_BACKOFF = "retry_backoff"
-    SIGNALS = "signals"
-    SIGNAL_REPLY = "signal_reply"
-    CHILD = "child"
-    CHILDREN = "children"
-    ANY_CHILD = "any_child"
-    PROMISE = "promise"
-
-
-def _clock_text(ms: int) -> str:
-    return datetime.fromtimestamp(ms / 1000, UTC).strftime("%Y-%m-%d %H:%M:%S UTC")
-
-
-@dataclass(frozen=True, slots=True)
-class WaitCondition:
-    """What a suspended run waits for. ``wake_at_ms`` makes it due regardless (timers and
-    timeouts); signals, children, promises and updates wake it earlier."""
-
-    kind: WaitKind
-    wake_at_ms: int | None = None
-    signals: tuple[str, ...] = ()
-    run_ids: tuple[str, ...] = ()
-    promise_id: str = ""
-
-    def describe(self) -> str:
-        until = f" until {_clock_text(self.wake_at_ms)}" if self.wake_at_ms is not None else ""
-        timeout = f" (timeout {_clock_text(self.wake_at_ms)})" if self.wake_at_ms else ""
-        match self.kind:
-            case WaitKind.TIMER:
-                return f"timer{until}"
-            case WaitKind.RETRY_BACKOFF:
-                return f"retry backoff{until}"
-            case WaitKind.SIGNALS:
-                return f"signals {'/'.join(self.signals)}{timeout}"
-            case WaitKind.SIGNAL_REPLY:
-                return f"reply to a signal{timeout}"
-            case WaitKind.CHILD:
-                return f"child {self.run_ids[0][:8]}…"
-            case WaitKind.CHILDREN:
-                return f"all of {len(self.run_ids)} children"
-            case WaitKind.ANY_CHILD:
-                return f"any of {len(self.run_ids)} children"
-            case WaitKind.PROMISE:
-                return f"promise {self.promise_id[:8]}…{timeout}"
-        raise RuntimeError(f"unrecognised wait kind {self.kind!r}")
-
-    def as_dict(self) -> dict[str, Any]:
-        return {
-            "kind": self.kind.value,
-            "wake_at_ms": self.wake_at_ms,
-            "signals": list(self.signals),
-            "run_ids": list(self.run_ids),
-            "promise_id": self.promise_id,
-            "description": self.describe(),
-        }
-
-
-# --- Outcomes -------------------------------------------------------------------------------
-
-
-@dataclass(frozen=True, slots=True)
-class Completed:
-    result: str
-
-
-@dataclass(frozen=True, slots=True)
-class Failed:
-    code: ErrorCode
-    message: str
-    retryable: bool = False
-
-
-@dataclass(frozen=True, slots=True)
-class Suspended:
-    wait: WaitCondition
-
-
-@dataclass(frozen=True, slots=True)
-class ContinuedAsNew:
-    input: str
-    version: int  # 0: the same version
-
-
-Outcome = Completed | Failed | Suspended | ContinuedAsNew
-
-
-def failed(code: ErrorCode, message: str) -> Failed:
-    return Failed(code, message, code in RETRYABLE_CODES)
-
-
-@dataclass(frozen=True, slots=True)
-class AppliedUpdate:
-    update_id: str
-    status: int
-    payload: str
-
-
-@dataclass(frozen=True)
-class SegmentResult:
-    outcome: Outcome
-    # Recorded in this segment and not yet in storage: the finalize writes them.
-    new_events: tuple[Event, ...]
-    # Every event recorded in this segment (persisted already or not).
-    recorded: tuple[Event, ...]
-    query_state: dict[str, str]
-    replayed_steps: int
-    next_step: int
-    applied_updates: tuple[AppliedUpdate, ...] = ()
-    consumed_signals: tuple[str, ...] = ()
-    elapsed_s: float = 0.0
-
-
-# --- Segment-ending exceptions raised out of host functions ----------------------------------
-
-
-class Suspend(WorkflowExit):
-    def __init__(self, wait: WaitCondition) -> None:
-        super().__init__(f"suspended: {wait.describe()}")
-        self.wait = wait
-
-
-class ContinueAsNew(WorkflowExit):
-    def __init__(self, new_input: str, version: int) -> None:
-        super().__init__("continue as new")
-        self.new_input = new_input
-        self.version = version
 
 
 class GuestBackend(Protocol):
@@ -1770,3 +1651,26 @@ def _fields(event: Event) -> dict[str, Any]:
 
 def _never_refused(exc: Refused) -> Any:
     raise StorageError(f"storage refused an operation it should accept: {exc.message}")
+
+
+# The outcome types live in engine.outcomes; they are re-exported here for the stores and
+# the testing environment, which import them from the session.
+__all__ = [
+    "OK_EMPTY",
+    "AppliedUpdate",
+    "Completed",
+    "ContinueAsNew",
+    "ContinuedAsNew",
+    "ExecutionSession",
+    "Failed",
+    "GuestBackend",
+    "Outcome",
+    "Reply",
+    "RunInfo",
+    "SegmentResult",
+    "Suspend",
+    "Suspended",
+    "WaitCondition",
+    "WaitKind",
+    "failed",
+]

@@ -15,9 +15,10 @@ import wasmtime
 
 from engine.config import EngineConfig
 from engine.inmemory import InMemoryStorage
+from engine.outcomes import Completed, Failed
 from engine.runtime import WASMTIME_VERSION, WasmRuntime
 from engine.services import Services
-from engine.session import Completed, Failed, RunInfo
+from engine.session import RunInfo
 from engine.testing import VirtualClock, WorkflowEnvironment
 
 RESULT = '{"n":NUM}'
