@@ -15,8 +15,9 @@ import wasmtime
 
 from engine.config import EngineConfig
 from engine.inmemory import InMemoryStorage
+from engine.module_cache import WASMTIME_VERSION
 from engine.outcomes import Completed, Failed
-from engine.runtime import WASMTIME_VERSION, WasmRuntime
+from engine.runtime import WasmRuntime
 from engine.services import Services
 from engine.session import RunInfo
 from engine.testing import VirtualClock, WorkflowEnvironment
