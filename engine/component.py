@@ -836,7 +836,7 @@ class ComponentBackend:
         clock: Callable[[], int] | None = None,
     ) -> SegmentResult:
         """Instantiate the component and run ``run`` from the start against ``history``
-        (the component twin of :meth:`WasmRuntime.run_segment`)."""
+        (the component twin of :meth:`CoreBackend.run_segment`)."""
         started = time.monotonic()
         if not isinstance(module, LoadedComponent):
             raise InvalidModule("not a loaded component")
