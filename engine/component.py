@@ -85,7 +85,7 @@ from engine.services import Services
 from engine.session import ExecutionSession, Reply, RunInfo
 from engine.status import Status
 from engine.storage import WorkflowStorage
-from engine.traps import classify_component
+from engine.traps import classify_component, classify_component_reply
 
 log = logging.getLogger("cleat.engine")
 guest_log = logging.getLogger("cleat.guest")
@@ -107,9 +107,6 @@ INSECURE_SEED = "wasi:random/insecure-seed"
 DETERMINISTIC_WASI = (WALL_CLOCK, MONOTONIC_CLOCK, RANDOM, INSECURE_RANDOM, INSECURE_SEED)
 
 _NS_PER_MS = 1_000_000
-# How the SDK reports a MemoryError: CPython's allocator got -1 from memory.grow at the
-# store's limit. Reported as resource_limit, like a core module trapping at the limit.
-GUEST_MEMORY_ERROR = "MemoryError: the workflow ran out of memory"
 
 
 def wit_name(abi_name: str) -> str:
@@ -885,14 +882,8 @@ class ComponentBackend:
         _current.frame = (session, instance)
         try:
             reply = instance.run(entry, run.input)
-            if reply.status == Status.ERROR and reply.payload.startswith(GUEST_MEMORY_ERROR):
-                outcome = failed(
-                    ErrorCode.RESOURCE_LIMIT,
-                    f"the guest ran out of memory (limit {self.config.memory_limit_bytes} "
-                    "bytes): Python raised MemoryError",
-                )
-            else:
-                outcome = session.finish(reply)
+            out_of_memory = classify_component_reply(reply, self.config)
+            outcome = out_of_memory if out_of_memory is not None else session.finish(reply)
         except (KeyboardInterrupt, SystemExit):
             raise
         except BaseException as exc:

@@ -66,7 +66,6 @@ class WasmRuntime:
             wasm_config.consume_fuel = True
         self.engine = wasmtime.Engine(wasm_config)
         self.core = CoreBackend(self.engine, self.config)
-        self.linker = self.core.linker
         self._ticker = EpochTicker(self.engine, self.config.epoch_tick_s)
         self.modules = ModuleCache(
             self.backend, self.config, self.config.module_cache_size, self.config.module_cache_dir
@@ -92,16 +91,9 @@ class WasmRuntime:
 
     # --- loading ---
 
-    def compile(self, wasm: bytes) -> wasmtime.Module:
-        return self.core.compile(wasm)
-
     def new_store(self) -> wasmtime.Store:
         """A store for one segment, with the configured limits, deadline and fuel."""
         return new_store(self.engine, self.config)
-
-    def describe(self, module: wasmtime.Module, wasm: bytes, sha: str) -> ModuleInfo:
-        """Check a core module against ABI v1 and say what it offers."""
-        return self.core.describe(module, wasm, sha)
 
     def inspect(self, wasm: bytes) -> ModuleInfo:
         """Validate ``wasm`` for deployment (compiling and caching it) and describe it."""

@@ -26,7 +26,8 @@ from engine.errors import (
     StorageError,
 )
 from engine.outcomes import ContinueAsNew, ContinuedAsNew, Outcome, Suspend, Suspended, failed
-from engine.session import ReplayCore
+from engine.session import ReplayCore, Reply
+from engine.status import Status
 
 log = logging.getLogger("cleat.engine")
 
@@ -34,6 +35,10 @@ log = logging.getLogger("cleat.engine")
 # from memory.grow at the store limit instead of trapping, so an out-of-memory guest usually
 # ends in its own abort path. See ``classify_trap``.
 _OOM_MARKERS = ("alloc_error", "handle_alloc_error", "out_of_memory", "oom", "malloc_fail")
+
+# How the SDK reports a MemoryError: CPython's allocator got -1 from memory.grow at the
+# store's limit. Reported as resource_limit, like a core module trapping at the limit.
+GUEST_MEMORY_ERROR = "MemoryError: the workflow ran out of memory"
 
 
 class GuestMemory(Protocol):
@@ -145,3 +150,15 @@ def classify_component_error(error: wasmtime.WasmtimeError, config: EngineConfig
     if "forcing a resource limit" in lowered or "resource limit exceeded" in lowered:
         return failed(ErrorCode.RESOURCE_LIMIT, text)
     return failed(ErrorCode.PANIC, text)
+
+
+def classify_component_reply(reply: Reply, config: EngineConfig) -> Outcome | None:
+    """The outcome of a component's entry point that reported running out of memory (the
+    SDK's answer to a MemoryError); None for any other reply, which the session finishes."""
+    if reply.status == Status.ERROR and reply.payload.startswith(GUEST_MEMORY_ERROR):
+        return failed(
+            ErrorCode.RESOURCE_LIMIT,
+            f"the guest ran out of memory (limit {config.memory_limit_bytes} "
+            "bytes): Python raised MemoryError",
+        )
+    return None

@@ -4,8 +4,9 @@
 its design note describes record and replay); the host operations are grouped by domain in
 ``ops_calls`` (calls and fetch), ``ops_time`` (time, signals and promises), ``ops_children``
 (updates, defers, children and continue-as-new) and ``ops_state`` (state, locks and crons).
-:class:`ExecutionSession` combines them: a host function finds the method of its own name on
-it with one attribute lookup, as before the split.
+:class:`ExecutionSession` combines them as mixins over :class:`ReplayCore`: a host function
+still finds the method of its own name with one attribute lookup (the type's method cache
+answers it whatever the depth of the class hierarchy), so the rooms cost nothing per call.
 """
 
 from __future__ import annotations
