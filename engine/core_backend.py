@@ -460,9 +460,6 @@ class CoreBackend:
         except wasmtime.WasmtimeError as exc:
             raise InvalidModule(f"invalid WebAssembly module: {exc}") from None
 
-    def new_store(self) -> wasmtime.Store:
-        return new_store(self.engine, self.config)
-
     def describe(self, module: wasmtime.Module, wasm: bytes, sha: str) -> ModuleInfo:
         """Check a module against ABI v1 and say what it offers. Raises InvalidModule with
         the first problem found."""
@@ -522,7 +519,7 @@ class CoreBackend:
         )
 
     def _read_abi_version(self, module: wasmtime.Module) -> int:
-        store = self.new_store()
+        store = new_store(self.engine, self.config)
         try:
             instance = self.linker.instantiate(store, module)
             fn = instance.exports(store)[EXPORT_ABI_VERSION]
@@ -586,7 +583,7 @@ class CoreBackend:
                 f"{', '.join(module.info.entry_points)})",
             )
             return session.result(outcome, time.monotonic() - started)
-        store = self.new_store()
+        store = new_store(self.engine, self.config)
         instance: CoreInstance | None = None
         try:
             raw_instance = module.pre.instantiate(store)
