@@ -1,7 +1,8 @@
 """Schedules in the operator console. Forms validate through ``schedules.services`` and
 every change goes through it too (create, update, delete, enable, disable, trigger,
 backfill); nothing here writes a row itself. Pages render in the session tenant's context
-(``workflows.middleware``)."""
+(``workflows.middleware``) and show only its schedules (``TenantScopedAdmin``: MariaDB and
+SQLite have no row-level security; another tenant's schedule is a 404)."""
 
 from __future__ import annotations
 
@@ -24,6 +25,7 @@ from schedules import services
 from schedules.cron import CronError, load_zone
 from schedules.models import OverlapPolicy, Schedule
 from schedules.scheduler import Delivery
+from workflows.console.scoping import TenantScopedAdmin
 from workflows.models import Tenant, WorkflowInstance
 from workflows.services import ServiceError
 from workflows.tenancy import current_tenant
@@ -109,7 +111,7 @@ def _describe(made: list[Delivery]) -> str:
 
 
 @admin.register(Schedule)
-class ScheduleAdmin(admin.ModelAdmin):
+class ScheduleAdmin(TenantScopedAdmin):
     form = ScheduleForm
     list_display = (
         "name",

@@ -2,10 +2,13 @@
 
 Histories are read-only and nothing here writes rows directly: run actions go through
 ``workflows.services`` (``console/actions.py``), definition changes through
-``workflows.services.deploy_definition`` and ``workflows.definitions``. Every queryset is
-scoped to the request's tenant (``request.cleat_tenant``, set by the tenant middleware): on
-PostgreSQL row-level security enforces it as well, on the other backends this scoping is
-the only fence, so list filters read their choices through it too.
+``workflows.services.deploy_definition`` and ``workflows.definitions``. Every admin of a
+tenant-scoped model derives from ``workflows.console.scoping.TenantScopedAdmin`` (the
+request's tenant only; another tenant's id is a 404): on PostgreSQL row-level security
+enforces it as well, on MariaDB and SQLite this scoping is the only fence, so list filters
+read their choices through it too. What is not a tenant's (tenants, staff bindings, Django's
+users and groups) is for superusers only: a tenant's staff must not see or change another
+tenant's staff accounts, nor give themselves more rights.
 """
 
 from __future__ import annotations
@@ -15,6 +18,9 @@ from typing import Any
 from uuid import UUID
 
 from django.contrib import admin
+from django.contrib.auth import admin as auth_admin
+from django.contrib.auth import get_user_model
+from django.contrib.auth.models import Group
 from django.db.models import Q, QuerySet
 from django.http import HttpRequest, HttpResponse
 from django.urls import URLPattern, path
@@ -23,6 +29,7 @@ from django.utils.html import format_html
 from workflows.console import views
 from workflows.console.actions import ACTIONS, RunAction
 from workflows.console.display import STATUS_COLOURS, age_text, wait_text
+from workflows.console.scoping import TenantScopedAdmin
 from workflows.models import (
     AuditLog,
     StaffTenant,
@@ -31,6 +38,7 @@ from workflows.models import (
     WorkflowDefinition,
     WorkflowInstance,
 )
+from workflows.tenancy import of_tenant
 
 
 def _tenant_id(request: HttpRequest) -> UUID:
@@ -44,11 +52,6 @@ def status_badge(status: str, label: str | None = None) -> str:
         STATUS_COLOURS.get(status, "#6b7280"),
         label or status.replace("_", "-"),
     )
-
-
-class TenantScopedAdmin(admin.ModelAdmin):
-    def get_queryset(self, request: HttpRequest) -> QuerySet[Any]:
-        return super().get_queryset(request).filter(tenant_id=_tenant_id(request))
 
 
 class ReadOnlyAdmin(TenantScopedAdmin):
@@ -70,7 +73,7 @@ class _ValuesFilter(admin.SimpleListFilter):
 
     def lookups(self, request: HttpRequest, model_admin: Any) -> list[tuple[Any, str]]:
         values = (
-            WorkflowInstance.objects.filter(tenant_id=_tenant_id(request))
+            of_tenant(WorkflowInstance, _tenant_id(request))
             .order_by(self.field)
             .values_list(self.field, flat=True)
             .distinct()
@@ -106,32 +109,6 @@ class TaskQueueFilter(_ValuesFilter):
     title = "task queue"
     parameter_name = "queue"
     field = "task_queue"
-
-
-class TenantFilter(admin.SimpleListFilter):
-    """For superusers: picking a tenant switches the console to it (the middleware reads the
-    same ``tenant`` parameter and remembers the choice), so this list shows that tenant."""
-
-    title = "tenant"
-    parameter_name = "tenant"
-
-    def lookups(self, request: HttpRequest, model_admin: Any) -> list[tuple[str, str]]:
-        return [(str(t.id), t.name) for t in Tenant.objects.filter(is_active=True)]
-
-    def __init__(self, request: HttpRequest, *args: Any) -> None:
-        self.current = str(_tenant_id(request))
-        super().__init__(request, *args)
-
-    def queryset(self, request: HttpRequest, queryset: QuerySet[Any]) -> QuerySet[Any]:
-        return queryset.filter(tenant_id=_tenant_id(request))
-
-    def choices(self, changelist: Any) -> Any:
-        for lookup, title in self.lookup_choices:
-            yield {
-                "selected": self.current == str(lookup),
-                "query_string": changelist.get_query_string({self.parameter_name: lookup}),
-                "display": title,
-            }
 
 
 # --- instances ----------------------------------------------------------------------------------
@@ -171,12 +148,6 @@ class WorkflowInstanceAdmin(ReadOnlyAdmin):
     list_per_page = 50
     ordering = ("-created_at",)
     actions = [_bulk(a) for a in ACTIONS.values()]
-
-    def get_list_filter(self, request: HttpRequest) -> Any:
-        filters = list(super().get_list_filter(request))
-        if request.user.is_superuser:
-            filters.insert(1, TenantFilter)
-        return filters
 
     def get_queryset(self, request: HttpRequest) -> QuerySet[Any]:
         return super().get_queryset(request).defer("compaction_state")
@@ -381,7 +352,22 @@ class StaffTenantAdmin(SuperuserOnly):
 
     def formfield_for_foreignkey(self, db_field: Any, request: HttpRequest, **kwargs: Any) -> Any:
         if db_field.name == "user":
-            from django.contrib.auth import get_user_model
-
             kwargs["queryset"] = get_user_model().objects.filter(is_staff=True, is_superuser=False)
         return super().formfield_for_foreignkey(db_field, request, **kwargs)
+
+
+# Django's users and groups are not a tenant's: a staff user holding auth permissions could
+# otherwise list every tenant's staff, or make themselves a superuser.
+for _model in (get_user_model(), Group):
+    if admin.site.is_registered(_model):
+        admin.site.unregister(_model)
+
+
+@admin.register(get_user_model())
+class UserAdmin(SuperuserOnly, auth_admin.UserAdmin):  # type: ignore[type-arg]
+    pass
+
+
+@admin.register(Group)
+class GroupAdmin(SuperuserOnly, auth_admin.GroupAdmin):
+    pass

@@ -10,19 +10,13 @@ from typing import Any
 
 from django import forms
 from django.contrib import admin, messages
-from django.core.exceptions import PermissionDenied
 from django.db.models import QuerySet
 from django.http import HttpRequest
 
 from workflows.api.keys import issue_api_key, revoke_api_key
-from workflows.models import ApiKey, Role, Tenant
-
-
-def _tenant(request: HttpRequest) -> Tenant:
-    tenant = getattr(request, "cleat_tenant", None)
-    if tenant is None:  # the tenant middleware sets it on every /admin/ request
-        raise PermissionDenied("no tenant context")
-    return tenant
+from workflows.console.scoping import TenantScopedAdmin
+from workflows.console.scoping import request_tenant as _tenant
+from workflows.models import ApiKey, Role
 
 
 class ApiKeyCreationForm(forms.ModelForm):
@@ -32,15 +26,11 @@ class ApiKeyCreationForm(forms.ModelForm):
 
 
 @admin.register(ApiKey)
-class ApiKeyAdmin(admin.ModelAdmin):
+class ApiKeyAdmin(TenantScopedAdmin):
     list_display = ("name", "prefix", "role", "created_at", "last_used_at", "revoked_at")
     list_filter = ("role",)
     search_fields = ("name", "prefix")
     actions = ["revoke"]
-
-    def get_queryset(self, request: HttpRequest) -> QuerySet[ApiKey]:
-        # RLS scopes this on PostgreSQL; on the other backends this filter is the only fence.
-        return super().get_queryset(request).filter(tenant_id=_tenant(request).id)
 
     def get_form(
         self, request: HttpRequest, obj: Any = None, change: bool = False, **kwargs: Any

@@ -39,6 +39,7 @@ from workflows.api.serializers import (
 )
 from workflows.api.views import NAME_REGEX, TenantViewSet, _errors
 from workflows.models import Role, WorkflowInstance
+from workflows.tenancy import of_tenant
 
 MAX_NOTES = 10_000
 # Dates and times are checked by the services (1970-2199, a UTC offset once parsed), which the
@@ -261,7 +262,7 @@ class ScheduleViewSet(TenantViewSet):
     def get_queryset(self) -> QuerySet[Schedule]:
         if getattr(self, "swagger_fake_view", False):
             return Schedule.objects.none()
-        return Schedule.objects.filter(tenant_id=self.tenant.id)
+        return of_tenant(Schedule, self.tenant)
 
     def _one(self, key: str) -> Schedule:
         return schedule_services.get_schedule(self.tenant, key)

@@ -14,7 +14,13 @@ from django.contrib import admin, messages
 from django.core.exceptions import PermissionDenied
 from django.core.paginator import Paginator
 from django.db.models import Count, Max, Min, QuerySet
-from django.http import Http404, HttpRequest, HttpResponse, HttpResponseRedirect
+from django.http import (
+    Http404,
+    HttpRequest,
+    HttpResponse,
+    HttpResponseNotAllowed,
+    HttpResponseRedirect,
+)
 from django.shortcuts import redirect
 from django.template.response import TemplateResponse
 from django.urls import NoReverseMatch, reverse
@@ -37,6 +43,7 @@ from workflows.console.display import (
 )
 from workflows.console.forms import DeployForm, RoutingForm, TagForm
 from workflows.console.replay import state_at_step
+from workflows.console.scoping import request_tenant
 from workflows.middleware import SESSION_KEY
 from workflows.models import (
     ACTIVE_STATUSES,
@@ -49,6 +56,7 @@ from workflows.models import (
     WorkflowEvent,
     WorkflowInstance,
 )
+from workflows.tenancy import of_tenant
 
 EVENTS_PER_PAGE = 50
 MAX_BULK = 500
@@ -56,11 +64,7 @@ CHAIN_LIMIT = 50
 OPERATE_PERMISSION = "workflows.change_workflowinstance"
 
 
-def tenant_of(request: HttpRequest) -> Tenant:
-    tenant = getattr(request, "cleat_tenant", None)
-    if tenant is None:  # the middleware sets it on every /admin/ request
-        raise PermissionDenied("no tenant context")
-    return tenant
+tenant_of = request_tenant  # the request's console tenant (set by the middleware)
 
 
 def operator_of(request: HttpRequest) -> str:
@@ -94,26 +98,21 @@ def changelist_url() -> str:
     return reverse("admin:workflows_workflowinstance_changelist")
 
 
-def _instance_or_none(request: HttpRequest, object_id: str) -> WorkflowInstance | None:
-    tenant = tenant_of(request)
+def _instance_or_404(request: HttpRequest, object_id: str) -> WorkflowInstance:
+    """The console tenant's run ``object_id``; 404 for any other id (another tenant's run
+    included: the answer must not tell the two apart)."""
     try:
         run_id = UUID(str(object_id))
     except ValueError:
-        return None
-    return (
-        WorkflowInstance.objects.filter(tenant_id=tenant.id, id=run_id)
+        raise Http404(f"No workflow run {object_id!r} in this tenant.") from None
+    found = (
+        of_tenant(WorkflowInstance, tenant_of(request))
+        .filter(id=run_id)
         .select_related("parent", "continued_from")
         .first()
     )
-
-
-def _instance_or_redirect(
-    request: HttpRequest, object_id: str
-) -> WorkflowInstance | HttpResponseRedirect:
-    found = _instance_or_none(request, object_id)
     if found is None:
-        messages.error(request, f"No workflow run {object_id} in tenant {tenant_of(request)}.")
-        return HttpResponseRedirect(changelist_url())
+        raise Http404(f"No workflow run {object_id!r} in this tenant.")
     return found
 
 
@@ -199,10 +198,7 @@ def _chain(instance: WorkflowInstance) -> list[WorkflowInstance]:
 
 
 def instance_page(request: HttpRequest, object_id: str) -> HttpResponse:
-    found = _instance_or_redirect(request, object_id)
-    if isinstance(found, HttpResponseRedirect):
-        return found
-    instance = found
+    instance = _instance_or_404(request, object_id)
     history = _history(instance)
     start_ms = int(instance.created_at.timestamp() * 1000)
     paginator = Paginator(history, EVENTS_PER_PAGE)
@@ -241,16 +237,12 @@ def instance_page(request: HttpRequest, object_id: str) -> HttpResponse:
 
 
 def timeline_download(request: HttpRequest, object_id: str) -> HttpResponse:
-    instance = _instance_or_none(request, object_id)
-    if instance is None:
-        raise Http404("no such run in this tenant")
+    instance = _instance_or_404(request, object_id)
     return HttpResponse(timeline_svg(instance), content_type="image/svg+xml")
 
 
 def state_page(request: HttpRequest, object_id: str) -> HttpResponse:
-    found = _instance_or_redirect(request, object_id)
-    if isinstance(found, HttpResponseRedirect):
-        return found
+    found = _instance_or_404(request, object_id)
     raw = request.GET.get("step", "")
     try:
         step = int(raw)
@@ -330,9 +322,7 @@ def action_page(request: HttpRequest, object_id: str, name: str) -> HttpResponse
         raise Http404(f"no action {name!r}")
     if not can_operate(request):
         raise PermissionDenied
-    found = _instance_or_redirect(request, object_id)
-    if isinstance(found, HttpResponseRedirect):
-        return found
+    found = _instance_or_404(request, object_id)
     if request.method != "POST":
         return _confirmation(request, action, [found], action.form_class())
     form = action.form_class(request.POST)
@@ -361,7 +351,7 @@ def bulk_action(
     """The admin changelist action: a confirmation page first, then the service calls."""
     if not can_operate(request):
         raise PermissionDenied
-    selected = queryset.filter(tenant_id=tenant_of(request).id).order_by("created_at")
+    selected = of_tenant(queryset, tenant_of(request)).order_by("created_at")
     total = selected.count()
     instances = list(selected[:MAX_BULK])
     if not instances:
@@ -510,7 +500,7 @@ def dashboard(request: HttpRequest) -> HttpResponse:
 
 def dead_letters(request: HttpRequest) -> HttpResponse:
     tenant = tenant_of(request)
-    runs = WorkflowInstance.objects.filter(tenant_id=tenant.id, status=Status.DEAD_LETTERED)
+    runs = of_tenant(WorkflowInstance, tenant).filter(status=Status.DEAD_LETTERED)
     groups = []
     for row in (
         runs.values("definition_name", "error_code")
@@ -550,9 +540,13 @@ def dead_letters(request: HttpRequest) -> HttpResponse:
 
 
 def switch_tenant(request: HttpRequest) -> HttpResponse:
+    """The header's tenant switcher: a POST (with the CSRF token the admin requires) only,
+    so that no link can move a superuser's console into another tenant."""
     if not request.user.is_superuser:
         raise PermissionDenied("only superusers may switch tenant")
-    target = request.POST.get("tenant", "") if request.method == "POST" else ""
+    if request.method != "POST":
+        return HttpResponseNotAllowed(["POST"])
+    target = request.POST.get("tenant", "")
     following = request.POST.get("next") or reverse("admin:index")
     if not url_has_allowed_host_and_scheme(following, {request.get_host()}):
         following = reverse("admin:index")
@@ -617,10 +611,9 @@ def definition_page(request: HttpRequest, object_id: str) -> HttpResponse:
         pk = int(object_id)
     except ValueError:
         pk = -1
-    definition = WorkflowDefinition.objects.filter(tenant_id=tenant.id, pk=pk).defer("wasm").first()
+    definition = of_tenant(WorkflowDefinition, tenant).filter(pk=pk).defer("wasm").first()
     if definition is None:
-        messages.error(request, f"No definition {object_id} in tenant {tenant}.")
-        return HttpResponseRedirect(reverse("admin:workflows_workflowdefinition_changelist"))
+        raise Http404(f"No definition {object_id!r} in this tenant.")
     here = definition_url(definition)
     can_change = request.user.has_perm("workflows.change_workflowdefinition")
     if request.method == "POST":
