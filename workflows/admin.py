@@ -13,6 +13,7 @@ tenant's staff accounts, nor give themselves more rights.
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable
 from typing import Any
 from uuid import UUID
@@ -25,6 +26,7 @@ from django.db.models import Q, QuerySet
 from django.http import HttpRequest, HttpResponse
 from django.urls import URLPattern, path
 from django.utils.html import format_html
+from django.utils.text import smart_split, unescape_string_literal
 
 from workflows.console import views
 from workflows.console.actions import ACTIONS, RunAction
@@ -38,7 +40,19 @@ from workflows.models import (
     WorkflowDefinition,
     WorkflowInstance,
 )
+from workflows.redaction import redacted_text, redacted_value
 from workflows.tenancy import of_tenant
+
+# A search reads the input and error of at most this many matching runs to check them
+# against their redacted text (the database cannot redact).
+SEARCH_SCAN_LIMIT = 1000
+
+
+def _search_word(bit: str) -> str:
+    """A word of a search as Django's admin splits it (a quoted phrase is one word)."""
+    if len(bit) > 1 and bit[0] in "\"'" and bit[0] == bit[-1]:
+        return unescape_string_literal(bit)
+    return bit
 
 
 def _tenant_id(request: HttpRequest) -> UUID:
@@ -144,7 +158,10 @@ class WorkflowInstanceAdmin(ReadOnlyAdmin):
         "created_at",
     )
     search_fields = ("workflow_id", "input", "error")
-    search_help_text = "Run id (exact), workflow id, or text in the input or the error."
+    search_help_text = (
+        "Run id (exact), workflow id, or text in the input or the error (as shown: redacted "
+        f"values do not match; the newest {SEARCH_SCAN_LIMIT} matching runs are checked)."
+    )
     list_per_page = 50
     ordering = ("-created_at",)
     actions = [_bulk(a) for a in ACTIONS.values()]
@@ -159,8 +176,26 @@ class WorkflowInstanceAdmin(ReadOnlyAdmin):
         try:
             run_id = UUID(term)
         except ValueError:
-            return super().get_search_results(request, queryset, search_term)
-        return queryset.filter(Q(id=run_id) | Q(workflow_id=term)), False
+            pass
+        else:
+            return queryset.filter(Q(id=run_id) | Q(workflow_id=term)), False
+        found, _ = super().get_search_results(request, queryset, search_term)
+        if not term:
+            return found, False
+        # The database matched the stored text; keep only the runs whose text as shown
+        # (redacted) matches too, or searching for a password would find its run.
+        words = [_search_word(w) for w in smart_split(term)]
+        words = [w.lower() for w in words if w]
+        rows = found.order_by("-created_at").values_list("pk", "workflow_id", "input", "error")
+        shown = [
+            pk
+            for pk, workflow_id, input_text, error in rows[:SEARCH_SCAN_LIMIT]
+            if all(
+                w in f"{workflow_id}\n{redacted_text(input_text)}\n{redacted_text(error)}".lower()
+                for w in words
+            )
+        ]
+        return queryset.filter(pk__in=shown), False
 
     def has_operate_permission(self, request: HttpRequest) -> bool:
         return views.can_operate(request)
@@ -293,15 +328,25 @@ class WorkflowDefinitionAdmin(TenantScopedAdmin):
 
 @admin.register(AuditLog)
 class AuditLogAdmin(ReadOnlyAdmin):
-    list_display = ("created_at", "action", "operator", "run", "reason")
+    list_display = ("created_at", "action", "operator", "run", "reason_text")
     list_filter = ("action", "created_at")
     search_fields = ("operator", "reason", "action")
     list_select_related = False
+    # The reason and the detail are shown redacted, as everywhere else.
+    fields = ("created_at", "action", "operator", "instance", "reason_text", "detail_text")
+
+    @admin.display(description="reason")
+    def reason_text(self, obj: AuditLog) -> str:
+        return redacted_text(obj.reason)
+
+    @admin.display(description="detail")
+    def detail_text(self, obj: AuditLog) -> str:
+        return json.dumps(redacted_value(obj.detail), ensure_ascii=False)
 
     @admin.display(description="run")
     def run(self, obj: AuditLog) -> str:
         if not obj.instance_id:
-            return str(obj.detail or "")
+            return str(redacted_value(obj.detail) or "")
         return format_html(
             '<a href="{}"><code>{}…</code></a>',
             views.instance_url(obj.instance_id),

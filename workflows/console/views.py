@@ -56,6 +56,7 @@ from workflows.models import (
     WorkflowEvent,
     WorkflowInstance,
 )
+from workflows.redaction import redacted_query_state, redacted_text, redacted_value
 from workflows.tenancy import of_tenant
 
 EVENTS_PER_PAGE = 50
@@ -159,8 +160,8 @@ def _event_rows(page_rows: list[EncodedEvent], start_ms: int) -> list[dict[str, 
             {
                 "step": stored.step,
                 "type": kind,
-                "summary": summary,
-                "payload": stored.payload,
+                "summary": redacted_text(summary),
+                "payload": redacted_text(stored.payload),
                 "offset": duration_text(max(0, stored.ts - start_ms) / 1000),
                 "at": datetime.fromtimestamp(stored.ts / 1000, UTC),
                 "checksum_ok": verify(stored),
@@ -197,6 +198,14 @@ def _chain(instance: WorkflowInstance) -> list[WorkflowInstance]:
     return [*reversed(before), instance, *after]
 
 
+def _query_state_rows(query_state: Any) -> list[tuple[str, str]]:
+    """The run's query state as (key, JSON text) rows, redacted like the API's."""
+    return [
+        (key, json.dumps(value, ensure_ascii=False))
+        for key, value in sorted(redacted_query_state(query_state).items())
+    ]
+
+
 def instance_page(request: HttpRequest, object_id: str) -> HttpResponse:
     instance = _instance_or_404(request, object_id)
     history = _history(instance)
@@ -214,9 +223,9 @@ def instance_page(request: HttpRequest, object_id: str) -> HttpResponse:
         "instance": instance,
         "wait": wait_text(instance.waiting_on),
         "age": age_text(instance.created_at),
-        "input_text": pretty_json(instance.input),
-        "result_text": pretty_json(instance.result),
-        "query_state": sorted((instance.query_state or {}).items()),
+        "input_text": pretty_json(redacted_text(instance.input)),
+        "result_text": pretty_json(redacted_text(instance.result)),
+        "query_state": _query_state_rows(instance.query_state),
         "children": children[:100],
         "children_count": children.count(),
         "chain": _chain(instance),
@@ -259,7 +268,7 @@ def state_page(request: HttpRequest, object_id: str) -> HttpResponse:
         "state": state,
         "state_items": [
             (key, json.dumps(value, indent=2, ensure_ascii=False))
-            for key, value in sorted(state.query_state.items())
+            for key, value in sorted(redacted_value(state.query_state).items())
         ],
         "last_event": _event_rows(rows[-1:], int(found.created_at.timestamp() * 1000)),
         "previous_step": max(0, state.step - 1),
