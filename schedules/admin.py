@@ -29,7 +29,7 @@ from workflows.console.scoping import TenantScopedAdmin
 from workflows.models import Tenant, WorkflowInstance
 from workflows.redaction import REDACTED, redacted_text
 from workflows.services import ServiceError
-from workflows.tenancy import current_tenant
+from workflows.tenancy import current_tenant, of_tenant
 
 PREVIEW_COUNT = 5
 
@@ -198,7 +198,8 @@ class ScheduleAdmin(TenantScopedAdmin):
             return "-"
         url = reverse("admin:workflows_workflowinstance_change", args=[obj.last_run_id])
         status = (
-            WorkflowInstance.objects.filter(tenant_id=obj.tenant_id, id=obj.last_run_id)
+            of_tenant(WorkflowInstance, obj.tenant_id)
+            .filter(id=obj.last_run_id)
             .values_list("status", flat=True)
             .first()
         )

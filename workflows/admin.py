@@ -278,9 +278,11 @@ class WorkflowDefinitionAdmin(TenantScopedAdmin):
 
     @admin.display(description="tags")
     def tags(self, obj: WorkflowDefinition) -> str:
-        names = VersionTag.objects.filter(
-            tenant_id=obj.tenant_id, name=obj.name, version=obj.version
-        ).values_list("tag", flat=True)
+        names = (
+            of_tenant(VersionTag, obj.tenant_id)
+            .filter(name=obj.name, version=obj.version)
+            .values_list("tag", flat=True)
+        )
         return ", ".join(sorted(names))
 
     def _each(self, request: HttpRequest, queryset: QuerySet[Any], deprecate: bool) -> None:
@@ -290,7 +292,7 @@ class WorkflowDefinitionAdmin(TenantScopedAdmin):
         tenant = views.tenant_of(request)
         change = defs.deprecate_definition if deprecate else defs.restore_definition
         done = 0
-        for definition in queryset.filter(tenant_id=tenant.id):
+        for definition in of_tenant(queryset, tenant):
             try:
                 change(tenant, definition.name, definition.version, views.operator_of(request))
             except ServiceError as exc:

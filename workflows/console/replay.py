@@ -48,6 +48,7 @@ from engine.session import (
 )
 from engine.storage import RunRef
 from workflows.models import WorkflowDefinition, WorkflowEvent, WorkflowInstance
+from workflows.tenancy import of_tenant
 
 # Failures that say the replay itself could not follow the history (not the run's own end).
 _REPLAY_PROBLEMS = frozenset(
@@ -197,7 +198,8 @@ def _parsed(state: dict[str, str]) -> dict[str, Any]:
 def state_at_step(instance: WorkflowInstance, step: int) -> StateAtStep:
     """Replay ``instance`` (read in the caller's tenant context) to its first ``step`` events."""
     rows = list(
-        WorkflowEvent.objects.filter(instance_id=instance.id, tenant_id=instance.tenant_id)
+        of_tenant(WorkflowEvent, instance.tenant_id)
+        .filter(instance_id=instance.id)
         .order_by("step")
         .values_list("step", "type_code", "timestamp_ms", "payload", "checksum")
     )
@@ -205,7 +207,8 @@ def state_at_step(instance: WorkflowInstance, step: int) -> StateAtStep:
     step = max(0, min(step, total))
     history = [EncodedEvent(*row) for row in rows[:step]]
     definition = (
-        WorkflowDefinition.objects.filter(id=instance.definition_id, tenant_id=instance.tenant_id)
+        of_tenant(WorkflowDefinition, instance.tenant_id)
+        .filter(id=instance.definition_id)
         .values("sha256", "wasm")
         .first()
     )

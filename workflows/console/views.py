@@ -123,9 +123,8 @@ def _instance_or_404(request: HttpRequest, object_id: str) -> WorkflowInstance:
 def _history(instance: WorkflowInstance) -> list[EncodedEvent]:
     return [
         EncodedEvent(*row)
-        for row in WorkflowEvent.objects.filter(
-            tenant_id=instance.tenant_id, instance_id=instance.id
-        )
+        for row in of_tenant(WorkflowEvent, instance.tenant_id)
+        .filter(instance_id=instance.id)
         .order_by("step")
         .values_list("step", "type_code", "timestamp_ms", "payload", "checksum")
     ]
@@ -176,9 +175,11 @@ def _chain(instance: WorkflowInstance) -> list[WorkflowInstance]:
     before: list[WorkflowInstance] = []
     current = instance
     while current.continued_from_id and len(before) < CHAIN_LIMIT:
-        previous = WorkflowInstance.objects.filter(
-            tenant_id=instance.tenant_id, id=current.continued_from_id
-        ).first()
+        previous = (
+            of_tenant(WorkflowInstance, instance.tenant_id)
+            .filter(id=current.continued_from_id)
+            .first()
+        )
         if previous is None:
             break
         before.append(previous)
@@ -186,9 +187,11 @@ def _chain(instance: WorkflowInstance) -> list[WorkflowInstance]:
     after: list[WorkflowInstance] = []
     current = instance
     while len(after) < CHAIN_LIMIT:
-        successor = WorkflowInstance.objects.filter(
-            tenant_id=instance.tenant_id, continued_from_id=current.id
-        ).first()
+        successor = (
+            of_tenant(WorkflowInstance, instance.tenant_id)
+            .filter(continued_from_id=current.id)
+            .first()
+        )
         if successor is None:
             break
         after.append(successor)
@@ -212,9 +215,11 @@ def instance_page(request: HttpRequest, object_id: str) -> HttpResponse:
     start_ms = int(instance.created_at.timestamp() * 1000)
     paginator = Paginator(history, EVENTS_PER_PAGE)
     page = paginator.get_page(request.GET.get("page"))
-    children = WorkflowInstance.objects.filter(
-        tenant_id=instance.tenant_id, parent_id=instance.id
-    ).order_by("created_at")
+    children = (
+        of_tenant(WorkflowInstance, instance.tenant_id)
+        .filter(parent_id=instance.id)
+        .order_by("created_at")
+    )
     offered = [
         a for a in ACTIONS.values() if instance.status in a.offered_for and can_operate(request)
     ]
@@ -229,11 +234,9 @@ def instance_page(request: HttpRequest, object_id: str) -> HttpResponse:
         "children": children[:100],
         "children_count": children.count(),
         "chain": _chain(instance),
-        "audit": AuditLog.objects.filter(tenant_id=instance.tenant_id, instance_id=instance.id)[
-            :50
-        ],
-        "pending_signals": Signal.objects.filter(
-            tenant_id=instance.tenant_id, instance_id=instance.id, consumed_at__isnull=True
+        "audit": of_tenant(AuditLog, instance.tenant_id).filter(instance_id=instance.id)[:50],
+        "pending_signals": of_tenant(Signal, instance.tenant_id).filter(
+            instance_id=instance.id, consumed_at__isnull=True
         )[:20],
         "actions": offered,
         "timeline": mark_safe(timeline_svg(instance, history)),
@@ -478,7 +481,7 @@ def dashboard(request: HttpRequest) -> HttpResponse:
         "data": data,
         "definition": definition,
         "definition_names": list(
-            WorkflowDefinition.objects.filter(tenant_id=tenant.id)
+            of_tenant(WorkflowDefinition, tenant.id)
             .values_list("name", flat=True)
             .distinct()
             .order_by("name")
@@ -631,22 +634,20 @@ def definition_page(request: HttpRequest, object_id: str) -> HttpResponse:
         _definition_change(request, tenant, definition)
         return HttpResponseRedirect(here)
     versions = list(
-        WorkflowDefinition.objects.filter(tenant_id=tenant.id, name=definition.name)
+        of_tenant(WorkflowDefinition, tenant.id)
+        .filter(name=definition.name)
         .defer("wasm")
         .annotate(runs=Count("workflowinstance"))
         .order_by("-version")
     )
     active = dict(
-        WorkflowInstance.objects.filter(
-            tenant_id=tenant.id, definition_name=definition.name, status__in=ACTIVE_STATUSES
-        )
+        of_tenant(WorkflowInstance, tenant.id)
+        .filter(definition_name=definition.name, status__in=ACTIVE_STATUSES)
         .values_list("definition_version")
         .annotate(n=Count("id"))
         .order_by()
     )
-    tags = list(
-        VersionTag.objects.filter(tenant_id=tenant.id, name=definition.name).order_by("tag")
-    )
+    tags = list(of_tenant(VersionTag, tenant.id).filter(name=definition.name).order_by("tag"))
     rules = {
         r.version: r.weight for r in defs.list_routing_rules(tenant, definition.name)
     }  # the service reads in this tenant's context
@@ -695,9 +696,9 @@ def _definition_change(
             messages.success(request, f"{name} v{definition.version} is restored.")
         elif op == "set_tag":
             versions = list(
-                WorkflowDefinition.objects.filter(tenant_id=tenant.id, name=name).values_list(
-                    "version", flat=True
-                )
+                of_tenant(WorkflowDefinition, tenant.id)
+                .filter(name=name)
+                .values_list("version", flat=True)
             )
             form = TagForm(request.POST, versions=versions)
             if not form.is_valid():
@@ -716,9 +717,9 @@ def _definition_change(
             messages.success(request, f"Tag {tag} removed.")
         elif op == "set_routing":
             versions = list(
-                WorkflowDefinition.objects.filter(
-                    tenant_id=tenant.id, name=name, deprecated=False
-                ).values_list("version", flat=True)
+                of_tenant(WorkflowDefinition, tenant.id)
+                .filter(name=name, deprecated=False)
+                .values_list("version", flat=True)
             )
             form = RoutingForm(request.POST, versions=versions)
             if not form.is_valid():
