@@ -43,6 +43,7 @@ from workflows.api.pagination import RunPagination, StrictCursorPagination
 from workflows.api.serializers import ReasonSerializer, json_text
 from workflows.api.views import NAME_REGEX, TenantViewSet, _errors
 from workflows.models import Role, WorkflowInstance
+from workflows.tenancy import of_tenant
 
 # --- the viewset ---------------------------------------------------------------------------------
 
@@ -94,7 +95,7 @@ class ScheduleViewSet(TenantViewSet):
     def get_queryset(self) -> QuerySet[Schedule]:
         if getattr(self, "swagger_fake_view", False):
             return Schedule.objects.none()
-        return Schedule.objects.filter(tenant_id=self.tenant.id)
+        return of_tenant(Schedule, self.tenant)
 
     def _one(self, key: str) -> Schedule:
         return schedule_services.get_schedule(self.tenant, key)
