@@ -37,7 +37,7 @@ from typing import Any
 
 from engine.errors import ErrorCode
 from engine.events import Event, EventType
-from engine.session import Completed, ContinuedAsNew, Failed, Outcome, Suspended
+from engine.outcomes import Completed, ContinuedAsNew, Failed, Outcome, Suspended
 from engine.status import Status
 
 READY = "ready"

@@ -51,9 +51,8 @@ from workflows.models import (
     WorkflowInstance,
 )
 from workflows.store import wake
+from workflows.store.sql import queries
 from workflows.store.storage import (
-    APPEND_FROM_FENCE_SQL,
-    SET_TENANT_SQL,
     append_locked,
     append_params,
     client_side_binding,
@@ -109,22 +108,21 @@ def claim_ready_instances(
     """Claim up to ``limit`` due ready runs, by priority then age; bumps their generation."""
     if limit <= 0:
         return []
-    if connection.vendor == "postgresql":
+    sql = queries(connection)
+    if "claim_ready" in sql:
         with connection.cursor() as cursor:
             cursor.execute(
-                "SELECT id, tenant_id, generation FROM cleat.claim_instances(%s, %s, %s, %s, %s)",
+                sql["claim_ready"],
                 [worker_id, list(task_queues), limit, now, tenant],
             )
             return [
                 Claim(uuid.UUID(str(i)), uuid.UUID(str(t)), int(g)) for i, t, g in cursor.fetchall()
             ]
-    if connection.vendor == "microsoft":  # untested here: no SQL Server in CI
-        from workflows.rls import MSSQL_CLAIM_SQL
-
+    if "claim_ready_listed" in sql:  # SQL Server, untested here: no SQL Server in CI
         queues = ", ".join(["%s"] * len(task_queues))
         with transaction.atomic(), connection.cursor() as cursor:
             cursor.execute(
-                MSSQL_CLAIM_SQL.format(queues=queues),
+                sql["claim_ready_listed"].format(queues=queues),
                 [limit, now, *task_queues, worker_id, now, now],
             )
             return [
@@ -201,48 +199,21 @@ def load_run(claim: Claim, worker_id: str) -> LoadedRun | None:
     )
 
 
-# PostgreSQL: the load in one simple-protocol message (one round trip instead of five: BEGIN,
-# the tenant, the instance, the history, COMMIT). The statements of one message run as one
-# implicit transaction, so the tenant set by the first (transaction-local) scopes the other
-# two under RLS, exactly as tenant_context() does; each statement takes its own snapshot, as
-# the ORM's statements do inside a READ COMMITTED transaction.
+# The instance's columns, in the order the one-message load (sql.postgresql) selects them.
 _INSTANCE_FIELDS = tuple(WorkflowInstance._meta.concrete_fields)
-
-
-def _load_sql() -> str:
-    instance = WorkflowInstance._meta.db_table
-    definition = WorkflowDefinition._meta.db_table
-    event = WorkflowEvent._meta.db_table
-    columns = ", ".join(f'i."{f.column}"' for f in _INSTANCE_FIELDS)
-    fence = "id = %s AND tenant_id = %s AND generation = %s AND assigned_to = %s AND status = %s"
-    return (
-        f"{SET_TENANT_SQL}\n"
-        f"SELECT {columns}, d.sha256, d.max_history_length, d.min_version FROM {instance} AS i "
-        f"JOIN {definition} AS d ON d.id = i.definition_id "
-        f"WHERE i.{fence.replace(' AND ', ' AND i.')};\n"
-        f"SELECT step, type_code, timestamp_ms, payload, checksum FROM {event} "
-        f"WHERE instance_id = %s AND EXISTS (SELECT 1 FROM {instance} WHERE {fence}) "
-        "ORDER BY step"
-    )
-
-
-_LOAD_SQL = _load_sql()
 
 
 def _load_in_one_message(claim: Claim, worker_id: str) -> tuple[bool, LoadedRun | None]:
     """:func:`load_run` in one round trip: (True, its answer) on PostgreSQL outside a
     transaction with client-side binding; (False, None) where that does not apply."""
-    if (
-        connection.vendor != "postgresql"
-        or connection.in_atomic_block
-        or not connection.get_autocommit()
-    ):
+    load_sql = queries(connection).get("load_run")
+    if load_sql is None or connection.in_atomic_block or not connection.get_autocommit():
         return False, None
     fence = [str(claim.id), str(claim.tenant_id), claim.generation, worker_id, Status.RUNNING]
     with connection.cursor() as cursor:
         if not client_side_binding(cursor):
             return False, None
-        cursor.execute(_LOAD_SQL, [str(claim.tenant_id), *fence, str(claim.id), *fence])
+        cursor.execute(load_sql, [str(claim.tenant_id), *fence, str(claim.id), *fence])
         cursor.nextset()
         row = cursor.fetchone()
         cursor.nextset()
@@ -413,62 +384,19 @@ def apply_transition(
     return successor
 
 
-# PostgreSQL: the finalize of a run that completed, in one simple-protocol message (one
-# round trip and one commit instead of seven round trips), in the common case only -- no
-# consumed signal, no answered update, no open child. The statements run as one implicit
-# transaction under the tenant set by the first. The second is the fence and the new row in
-# one statement: it matches only the claimed row (owner, generation, running) whose history
-# ends where the remaining events begin and that has no open child, takes its row lock, and
-# inserts the remaining events only if it matched. The third fails the run's pending updates
-# (as _fail_pending_updates), in a statement of its own so that its snapshot is taken after
-# the row lock: an update queued by send_update (which locks the row) either committed before
-# and is seen, or waits for this commit and then finds the run done. It changes nothing
-# unless the second matched (the run is then `done` at this generation); so does the fourth,
-# which releases the locks the workflow holds. When the second matches nothing, nothing was
-# written and the general path below tells the cases apart. What the statements write is
-# the transition engine.lifecycle.completion() returns, which the parameters come from.
-def _finalize_done_sql() -> str:
-    instance = WorkflowInstance._meta.db_table
-    updates = UpdateRequest._meta.db_table
-    locks = ConcurrencyKey._meta.db_table
-    terminal = ", ".join(f"'{s}'" for s in sorted(TERMINAL_STATUSES))
-    return f"""{SET_TENANT_SQL}
-WITH fence AS (
-    UPDATE {instance} AS i
-       SET status = %s, completed_at = %s, result = %s, error = NULL, error_code = NULL,
-           waiting_on = NULL, next_wake_at = NULL, query_state = %s::jsonb,
-           assigned_to = NULL, heartbeat_at = %s, updated_at = %s,
-           event_count = i.event_count + %s
-     WHERE i.id = %s AND i.tenant_id = %s AND i.assigned_to = %s AND i.generation = %s
-       AND i.status = %s AND i.event_count = COALESCE(%s, i.event_count)
-       AND NOT EXISTS (SELECT 1 FROM {instance} AS c
-                        WHERE c.parent_id = i.id AND c.status NOT IN ({terminal}))
-    RETURNING i.id, i.tenant_id, i.parent_id
-), {APPEND_FROM_FENCE_SQL}
-SELECT parent_id FROM fence;
-UPDATE {updates} SET status = %s, result = %s, completed_at = %s
- WHERE instance_id = %s AND status = %s
-   AND EXISTS (SELECT 1 FROM {instance}
-                WHERE id = %s AND status = %s AND generation = %s AND assigned_to IS NULL);
-DELETE FROM {locks} WHERE tenant_id = %s AND holder = %s
-   AND EXISTS (SELECT 1 FROM {instance}
-                WHERE id = %s AND status = %s AND generation = %s AND assigned_to IS NULL)"""
-
-
-_FINALIZE_DONE_SQL = _finalize_done_sql()
-
-
 def _complete_in_one_message(
     tenant: uuid.UUID, ref: RunRef, result: SegmentResult, now: datetime
 ) -> bool:
-    """The finalize of a completed run in one round trip (see above). True when it was
+    """The finalize of a completed run in one round trip (``finalize_done``, whose comment
+    in sql/postgresql.py says when it applies and why it is safe). True when it was
     done; False when it does not apply or matched nothing (nothing was written then)."""
     done = lifecycle.completion(result.outcome, ref.workflow_id)
+    finalize_sql = queries(connection).get("finalize_done")
     if (
         done is None
         or result.consumed_signals
         or result.applied_updates
-        or connection.vendor != "postgresql"
+        or finalize_sql is None
         or connection.in_atomic_block
         or not connection.get_autocommit()
     ):
@@ -511,7 +439,7 @@ def _complete_in_one_message(
     with connection.cursor() as cursor:
         if not client_side_binding(cursor):
             return False
-        cursor.execute(_FINALIZE_DONE_SQL, params)
+        cursor.execute(finalize_sql, params)
         cursor.nextset()
         matched = cursor.fetchall()
     if not matched:
@@ -672,9 +600,10 @@ def release(ref: RunRef, now: datetime | None = None, delay_s: float = 0.0) -> b
 def heartbeat_worker(worker_id: str, now: datetime) -> int:
     """Renew every lease this worker holds. Deliberately not per-generation (one statement
     for all runs); each write of a segment is fenced on its own."""
-    if connection.vendor == "postgresql":
+    sql = queries(connection)
+    if "heartbeat_worker" in sql:
         with connection.cursor() as cursor:
-            cursor.execute("SELECT cleat.heartbeat_worker(%s, %s)", [worker_id, now])
+            cursor.execute(sql["heartbeat_worker"], [worker_id, now])
             return int(cursor.fetchone()[0])
     return WorkflowInstance.objects.filter(assigned_to=worker_id, status=Status.RUNNING).update(
         heartbeat_at=now
@@ -685,9 +614,10 @@ def reap_expired_leases(lease: timedelta, now: datetime) -> int:
     """Return runs whose worker stopped heartbeating to ``ready``, bumping their generation so
     the stalled worker's late writes are fenced out."""
     cutoff = now - lease
-    if connection.vendor == "postgresql":
+    sql = queries(connection)
+    if "reap_expired_leases" in sql:
         with connection.cursor() as cursor:
-            cursor.execute("SELECT cleat.reap_expired_leases(%s, %s)", [cutoff, now])
+            cursor.execute(sql["reap_expired_leases"], [cutoff, now])
             return int(cursor.fetchone()[0])
     with transaction.atomic():
         return WorkflowInstance.objects.filter(
@@ -701,9 +631,10 @@ def reap_expired_leases(lease: timedelta, now: datetime) -> int:
 
 
 def next_due_at(task_queues: Sequence[str], tenant: uuid.UUID | None = None) -> datetime | None:
-    if connection.vendor == "postgresql":
+    sql = queries(connection)
+    if "next_due_at" in sql:
         with connection.cursor() as cursor:
-            cursor.execute("SELECT cleat.next_due_at(%s, %s)", [list(task_queues), tenant])
+            cursor.execute(sql["next_due_at"], [list(task_queues), tenant])
             value = cursor.fetchone()[0]
             return value if isinstance(value, datetime) else None
     query = WorkflowInstance.objects.filter(

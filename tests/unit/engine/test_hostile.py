@@ -16,9 +16,10 @@ from pathlib import Path
 import pytest
 import wasmtime
 
+from engine.backend import detect_kind
 from engine.config import MIB, WASM_PAGE, EngineConfig
 from engine.errors import InvalidModule, UnsupportedAbiVersion
-from engine.runtime import WasmRuntime, detect_kind
+from engine.runtime import WasmRuntime
 from engine.testing import WorkflowEnvironment
 
 REPO = Path(__file__).resolve().parents[3]

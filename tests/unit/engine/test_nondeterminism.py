@@ -10,7 +10,7 @@ from collections.abc import Callable
 import pytest
 
 from engine.config import EngineConfig
-from engine.session import Completed, Failed
+from engine.outcomes import Completed, Failed
 from engine.testing import WorkflowEnvironment
 from tests.fixtures import FakeService, assert_replays_quietly, event_types
 from tests.fixtures.wat import Wat
