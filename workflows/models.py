@@ -21,6 +21,8 @@ from django.utils import timezone
 
 from engine.errors import ErrorCode
 from engine.events import EncodedEvent, EventType
+from engine.lifecycle import RetryPolicy
+from workflows.tenancy import of_tenant
 
 DEFAULT_TENANT_ID = uuid.UUID("00000000-0000-0000-0000-000000000000")
 
@@ -173,12 +175,15 @@ class WorkflowDefinition(TenantScoped):
     def __str__(self) -> str:
         return f"{self.name} v{self.version}"
 
-    def retry_delay_s(self, attempt: int) -> float:
-        """Backoff before retry ``attempt`` (1-based)."""
-        delay = self.retry_initial_interval_s * self.retry_backoff_coefficient ** max(
-            0, attempt - 1
+    @property
+    def retry_policy(self) -> RetryPolicy:
+        """The policy :mod:`engine.lifecycle` retries a retryable failure of a run with."""
+        return RetryPolicy(
+            max_attempts=self.retry_max_attempts,
+            initial_interval_s=self.retry_initial_interval_s,
+            backoff_coefficient=self.retry_backoff_coefficient,
+            max_interval_s=self.retry_max_interval_s,
         )
-        return min(delay, self.retry_max_interval_s)
 
 
 class VersionTag(TenantScoped):
@@ -314,7 +319,8 @@ class WorkflowEvent(TenantScoped):
         """The run's stored events in step order, as the engine's codec reads them."""
         return [
             EncodedEvent(*row)
-            for row in cls.objects.filter(tenant_id=tenant_id, instance_id=instance_id)
+            for row in of_tenant(cls, tenant_id)
+            .filter(instance_id=instance_id)
             .order_by("step")
             .values_list("step", "type_code", "timestamp_ms", "payload", "checksum")
         ]
@@ -391,6 +397,8 @@ class ConcurrencyKey(TenantScoped):
         constraints = [
             models.UniqueConstraint(fields=["tenant", "key"], name="concurrency_key_unique")
         ]
+        # A run's end releases every lock its workflow holds.
+        indexes = [models.Index(fields=["tenant", "holder"], name="concurrency_key_holder")]
 
 
 class WorkflowState(TenantScoped):
@@ -513,7 +521,7 @@ def continue_chain(
             link = models.Q(id=current.continued_from_id)
         else:
             link = models.Q(continued_from_id=current.id)
-        linked = WorkflowInstance.objects.filter(link, tenant_id=instance.tenant_id).first()
+        linked = of_tenant(WorkflowInstance, instance.tenant_id).filter(link).first()
         if linked is None:
             break
         found.append(linked)
