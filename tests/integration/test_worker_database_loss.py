@@ -1,0 +1,143 @@
+"""The worker survives its database connections being killed (``pg_terminate_backend`` from a
+superuser's connection, as an operator, a failover or a pooler would): the runs in flight
+are released on a new connection and finish promptly -- not when their lease expires -- and
+the lost connection does not count as an attempt of theirs (attempts are the guest's
+failures: three blips used to dead-letter a run).
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+from typing import Any
+
+import psycopg
+import pytest
+from django.db import connection
+
+from engine.services import Services
+from tests.fixtures import FakeService
+from tests.fixtures.wat import Wat
+from workflows import services
+from workflows.executor import set_services
+from workflows.models import Status, Tenant, WorkflowInstance
+from workflows.rls import app_role
+from workflows.tenancy import tenant_context
+from workflows.worker import Worker, WorkerOptions
+
+pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.postgres_only]
+
+LEASE_S = 60.0
+RUNS = 40
+KILLS = 6
+
+
+def three_calls() -> bytes:
+    """Three durable calls (each appended as it happens, so the run writes between them)."""
+    w = Wat()
+    calls = "\n".join(
+        f"(call $rec (call $durable_call {w.s('svc')} {w.s('slow')} {w.input()}))" for _ in range(3)
+    )
+    w.run(f"{calls}\n(call $finish)")
+    return w.wasm()
+
+
+def superuser_connection() -> psycopg.Connection[Any]:
+    """A second connection to the test database as the server's superuser."""
+    db = connection.settings_dict
+    return psycopg.connect(
+        host=db["HOST"] or "127.0.0.1",
+        port=int(db["PORT"] or 5432),
+        dbname=db["NAME"],
+        user="postgres",
+        autocommit=True,
+    )
+
+
+def terminate_worker_backends(admin: psycopg.Connection[Any], spare: int) -> int:
+    """Kill every application-role backend of the test database but the test's own."""
+    rows = admin.execute(
+        "SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
+        "WHERE datname = current_database() AND usename = %s AND pid <> %s",
+        [app_role(), spare],
+    ).fetchall()
+    return sum(1 for (killed,) in rows if killed)
+
+
+def statuses(tenant: Tenant, runs: list[str]) -> dict[str, tuple[str, int]]:
+    with tenant_context(tenant.id):
+        return {
+            str(i): (s, a)
+            for i, s, a in WorkflowInstance.objects.filter(id__in=runs).values_list(
+                "id", "status", "attempt"
+            )
+        }
+
+
+def test_killed_connections_release_runs_at_once_and_cost_no_attempt(tenant: Tenant) -> None:
+    def slow(request: Any) -> Any:
+        time.sleep(0.05)
+        return {"ok": request}
+
+    set_services(Services.from_settings({"svc": FakeService({"slow": slow})}))
+    services.deploy_definition(tenant, "thrice", three_calls())
+    runs = [
+        str(services.start_workflow(tenant, "thrice", json.dumps({"n": n}))[0].id)
+        for n in range(RUNS)
+    ]
+    connection.ensure_connection()
+    own_pid = connection.connection.info.backend_pid
+    worker = Worker(
+        WorkerOptions(
+            worker_id="killed-conn",
+            concurrency=4,
+            poll_interval_s=0.2,
+            lease_s=LEASE_S,
+            burst=False,
+        )
+    )
+    crashed: list[BaseException] = []
+
+    def run_worker() -> None:
+        try:
+            worker.run()
+        except BaseException as exc:
+            crashed.append(exc)
+
+    thread = threading.Thread(target=run_worker, name="killed-conn-worker")
+    killed = 0
+    try:
+        with superuser_connection() as admin:
+            thread.start()
+            # Kill while runs are in flight: wait for the first to start, then every 0.3 s.
+            began = time.monotonic()
+            while not any(s == Status.RUNNING for s, _ in statuses(tenant, runs).values()):
+                assert time.monotonic() - began < 30, "the worker never claimed a run"
+                time.sleep(0.02)
+            for _ in range(KILLS):
+                killed += terminate_worker_backends(admin, own_pid)
+                time.sleep(0.3)
+        last_kill = time.monotonic()
+        # Everything done well before any lease could expire (the reaper never helps here).
+        bound = LEASE_S / 4
+        while True:
+            found = statuses(tenant, runs)
+            if all(s == Status.DONE for s, _ in found.values()):
+                break
+            if time.monotonic() - last_kill > bound:
+                stuck = {r: v for r, v in found.items() if v[0] != Status.DONE}
+                raise AssertionError(
+                    f"{len(stuck)} run(s) not done {bound:.0f}s after the last kill: {stuck}"
+                )
+            time.sleep(0.1)
+        recovered_s = time.monotonic() - last_kill
+        assert thread.is_alive() and not crashed, f"the worker loop ended: {crashed!r}"
+    finally:
+        worker.stop()
+        thread.join(timeout=60)
+        set_services(None)
+    assert killed >= KILLS, f"only {killed} backend(s) terminated: the kills missed the worker"
+    spent = {r: a for r, (_, a) in statuses(tenant, runs).items() if a != 1}
+    assert spent == {}, f"a lost connection counted as the runs' attempts: {spent}"
+    print(f"killed {killed} backends; every run done {recovered_s:.2f}s after the last kill")
