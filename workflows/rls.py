@@ -107,7 +107,9 @@ GRANT SELECT, UPDATE ON workflows_workflowinstance TO {DISPATCHER_ROLE};
 
 
 def definer_functions_sql(role: str) -> str:
-    """The cross-tenant statements of the dispatch loop, as definer functions."""
+    """The cross-tenant statements of the dispatch loop, as definer functions (as migration
+    0002 installs them: 0005_tenant_fairness replaces the claim with one that takes turns
+    between tenants, honours their running caps and skips inactive ones)."""
     return f"""
 CREATE OR REPLACE FUNCTION cleat.claim_instances(
     p_worker text, p_queues text[], p_limit integer, p_now timestamptz, p_tenant uuid DEFAULT NULL)
@@ -158,22 +160,28 @@ LANGUAGE sql STABLE SECURITY DEFINER SET search_path = public, pg_temp AS $$
        AND (p_tenant IS NULL OR tenant_id = p_tenant)
 $$;
 
-{_function_privileges(role)}
+{_function_privileges(role, _INITIAL_DEFINER_FUNCTIONS)}
 """
 
 
-DEFINER_FUNCTIONS = (
+# The definer functions as migration 0002 creates them, then as they are now (0005 replaced
+# the claim: it takes the default running cap).
+_INITIAL_DEFINER_FUNCTIONS = (
     "cleat.claim_instances(text, text[], integer, timestamptz, uuid)",
     "cleat.reap_expired_leases(timestamptz, timestamptz)",
     "cleat.heartbeat_worker(text, timestamptz)",
     "cleat.next_due_at(text[], uuid)",
 )
+DEFINER_FUNCTIONS = (
+    "cleat.claim_instances(text, text[], integer, timestamptz, uuid, integer)",
+    *_INITIAL_DEFINER_FUNCTIONS[1:],
+)
 
 
-def _function_privileges(role: str) -> str:
+def _function_privileges(role: str, functions: tuple[str, ...]) -> str:
     """Owned by the dispatcher role; callable by the application role only."""
     lines = []
-    for function in DEFINER_FUNCTIONS:
+    for function in functions:
         lines += [
             f"ALTER FUNCTION {function} OWNER TO {DISPATCHER_ROLE};",
             f"REVOKE EXECUTE ON FUNCTION {function} FROM PUBLIC;",
@@ -208,11 +216,20 @@ RETURN SELECT 1 AS allowed
     return statements
 
 
+# Turns between tenants as on PostgreSQL (each active tenant's first run before anyone's
+# second, the tenant served longest ago first); the running cap is not applied here.
 MSSQL_CLAIM_SQL = """
-WITH due AS (
-    SELECT TOP (%s) id FROM workflows_workflowinstance WITH (READPAST, UPDLOCK, ROWLOCK)
-     WHERE status = 'ready' AND next_wake_at <= %s AND task_queue IN ({queues})
-     ORDER BY priority DESC, next_wake_at, created_at)
+WITH ranked AS (
+    SELECT c.id, c.priority, c.next_wake_at, t.last_claimed_at,
+           ROW_NUMBER() OVER (PARTITION BY c.tenant_id
+                              ORDER BY c.priority DESC, c.next_wake_at, c.created_at) AS turn
+      FROM workflows_workflowinstance AS c WITH (READPAST, UPDLOCK, ROWLOCK)
+      JOIN workflows_tenant AS t ON t.id = c.tenant_id AND t.is_active = 1
+     WHERE c.status = 'ready' AND c.next_wake_at <= %s AND c.task_queue IN ({queues})),
+due AS (
+    SELECT TOP (%s) id FROM ranked
+     ORDER BY turn, CASE WHEN last_claimed_at IS NULL THEN 0 ELSE 1 END, last_claimed_at,
+              priority DESC, next_wake_at)
 UPDATE i SET status = 'running', assigned_to = %s, heartbeat_at = %s,
              generation = i.generation + 1, started_at = COALESCE(i.started_at, %s)
 OUTPUT inserted.id, inserted.tenant_id, inserted.generation

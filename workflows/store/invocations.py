@@ -25,6 +25,8 @@ log = logging.getLogger("cleat.worker")
 LEASE = timedelta(seconds=60)
 MAX_ATTEMPTS = 20
 
+# A deactivated tenant's invocations wait with its runs (migration 0005 installs this text;
+# 0003 installed it without the tenant join).
 CLAIM_SQL = """
 CREATE OR REPLACE FUNCTION cleat.claim_invocations(
     p_now timestamptz, p_limit integer, p_until timestamptz)
@@ -33,8 +35,9 @@ LANGUAGE sql SECURITY DEFINER SET search_path = public, pg_temp AS $$
     UPDATE workflows_invocation AS v SET deliver_at = p_until
      WHERE v.id IN (
            SELECT c.id FROM workflows_invocation AS c
+             JOIN workflows_tenant AS t ON t.id = c.tenant_id AND t.is_active
             WHERE c.status = 'pending' AND c.deliver_at <= p_now
-            ORDER BY c.deliver_at LIMIT p_limit FOR UPDATE SKIP LOCKED)
+            ORDER BY c.deliver_at LIMIT p_limit FOR UPDATE OF c SKIP LOCKED)
     RETURNING v.id, v.tenant_id
 $$;
 """
@@ -53,7 +56,7 @@ def claim_due(now: datetime, limit: int) -> list[tuple[str, uuid.UUID]]:
             Invocation.objects.select_for_update(
                 skip_locked=connection.features.has_select_for_update_skip_locked
             )
-            .filter(status=Invocation.State.PENDING, deliver_at__lte=now)
+            .filter(status=Invocation.State.PENDING, deliver_at__lte=now, tenant__is_active=True)
             .order_by("deliver_at")
             .values_list("id", "tenant_id")[:limit]
         )

@@ -25,7 +25,7 @@ from typing import Any
 
 from django.conf import settings
 from django.db import connection, transaction
-from django.db.models import F, Q
+from django.db.models import Count, F, Q
 from django.db.models.functions import Coalesce
 from django.utils import timezone
 
@@ -39,6 +39,7 @@ from workflows.models import (
     Promise,
     Signal,
     Status,
+    Tenant,
     UpdateRequest,
     WorkflowDefinition,
     WorkflowEvent,
@@ -98,14 +99,18 @@ def claim_ready_instances(
     now: datetime,
     tenant: uuid.UUID | None = None,
 ) -> list[Claim]:
-    """Claim up to ``limit`` due ready runs, by priority then age; bumps their generation."""
+    """Claim up to ``limit`` due ready runs of active tenants, taking turns between tenants
+    (each one's most urgent run -- priority, then due time -- before anyone's second, the
+    tenant served longest ago first) and within each tenant's running cap; bumps their
+    generation."""
     if limit <= 0:
         return []
     if connection.vendor == "postgresql":
         with connection.cursor() as cursor:
             cursor.execute(
-                "SELECT id, tenant_id, generation FROM cleat.claim_instances(%s, %s, %s, %s, %s)",
-                [worker_id, list(task_queues), limit, now, tenant],
+                "SELECT id, tenant_id, generation "
+                "FROM cleat.claim_instances(%s, %s, %s, %s, %s, %s)",
+                [worker_id, list(task_queues), limit, now, tenant, default_max_running()],
             )
             return [
                 Claim(uuid.UUID(str(i)), uuid.UUID(str(t)), int(g)) for i, t, g in cursor.fetchall()
@@ -117,22 +122,13 @@ def claim_ready_instances(
         with transaction.atomic(), connection.cursor() as cursor:
             cursor.execute(
                 MSSQL_CLAIM_SQL.format(queues=queues),
-                [limit, now, *task_queues, worker_id, now, now],
+                [now, *task_queues, limit, worker_id, now, now],
             )
             return [
                 Claim(uuid.UUID(str(i)), uuid.UUID(str(t)), int(g)) for i, t, g in cursor.fetchall()
             ]
     with transaction.atomic():
-        due = WorkflowInstance.objects.filter(
-            status=Status.READY, next_wake_at__lte=now, task_queue__in=list(task_queues)
-        )
-        if tenant is not None:
-            due = due.filter(tenant_id=tenant)
-        ids = list(
-            due.select_for_update(skip_locked=connection.features.has_select_for_update_skip_locked)
-            .order_by("-priority", "next_wake_at", "created_at")
-            .values_list("id", flat=True)[:limit]
-        )
+        ids = _fair_turns(task_queues, limit, now, tenant)
         if not ids:
             return []
         WorkflowInstance.objects.filter(id__in=ids).update(
@@ -142,10 +138,65 @@ def claim_ready_instances(
             generation=F("generation") + 1,
             started_at=Coalesce("started_at", now),
         )
-        rows = WorkflowInstance.objects.filter(id__in=ids).values_list(
-            "id", "tenant_id", "generation"
+        rows = list(
+            WorkflowInstance.objects.filter(id__in=ids).values_list("id", "tenant_id", "generation")
         )
+        Tenant.objects.filter(id__in={t for _, t, _ in rows}).update(last_claimed_at=now)
         return [Claim(i, t, g) for i, t, g in rows]
+
+
+def default_max_running() -> int:
+    """The running cap of a tenant that sets none (``CLEAT_TENANT_MAX_RUNNING``; 0: none)."""
+    return int(getattr(settings, "CLEAT_TENANT_MAX_RUNNING", 0) or 0)
+
+
+def _fair_turns(
+    task_queues: Sequence[str], limit: int, now: datetime, tenant: uuid.UUID | None
+) -> list[uuid.UUID]:
+    """The claim's choice on MariaDB and SQLite, as ``cleat.claim_instances`` makes it on
+    PostgreSQL (migration 0005): per active tenant with due runs, its most urgent ones up to
+    its room under the running cap (locked, SKIP LOCKED where the database has it); then
+    every tenant's first before anyone's second, the tenant served longest ago first."""
+    due = WorkflowInstance.objects.filter(
+        status=Status.READY, next_wake_at__lte=now, task_queue__in=list(task_queues)
+    )
+    if tenant is not None:
+        due = due.filter(tenant_id=tenant)
+    waiting = set(due.values_list("tenant_id", flat=True).distinct())
+    if not waiting:
+        return []
+    tenants = list(
+        Tenant.objects.filter(id__in=waiting, is_active=True).values_list(
+            "id", "max_running", "last_claimed_at"
+        )
+    )
+    running = dict(
+        WorkflowInstance.objects.filter(
+            status=Status.RUNNING, tenant_id__in=[t for t, *_ in tenants]
+        )
+        .values("tenant_id")
+        .annotate(n=Count("id"))
+        .values_list("tenant_id", "n")
+    )
+    default_cap = default_max_running()
+    skip_locked = connection.features.has_select_for_update_skip_locked
+    turns: list[tuple[int, float, int, datetime, uuid.UUID]] = []
+    for tenant_id, max_running, last_claimed_at in tenants:
+        cap = max_running or default_cap
+        room = min(limit, cap - running.get(tenant_id, 0)) if cap > 0 else limit
+        if room <= 0:
+            continue
+        served = last_claimed_at.timestamp() if last_claimed_at else float("-inf")
+        candidates = (
+            due.filter(tenant_id=tenant_id)
+            .select_for_update(skip_locked=skip_locked)
+            .order_by("-priority", "next_wake_at", "created_at")
+            .values_list("id", "priority", "next_wake_at")[:room]
+        )
+        for turn, (run_id, priority, wake_at) in enumerate(candidates):
+            turns.append((turn, served, -priority, wake_at, run_id))
+    turns.sort()
+    return [run_id for *_, run_id in turns[:limit]]
 
 
 def load_run(claim: Claim, worker_id: str) -> LoadedRun | None:
