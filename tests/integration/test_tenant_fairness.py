@@ -332,3 +332,27 @@ def test_deactivation_stops_a_segment_in_flight_before_its_next_call(tenant: Ten
         set_services(None)
     assert service.ops() == ["first", "first", "second"]
     assert service.calls[0].idempotency_key == service.calls[1].idempotency_key
+
+
+def test_a_childs_priority_asked_for_by_a_workflow_is_held_to_the_range(tenant: Tenant) -> None:
+    kid = Wat()
+    kid.run("(call $finish)")
+    parent = Wat()
+    parent.run(
+        f"""
+    (call $rec (call $child_workflow_with_options {parent.s("kid")} {parent.js("x")}
+        (i64.const 0) (i64.const {2**40}) {parent.s("abandon")}))
+    (call $finish)"""
+    )
+    services.deploy_definition(tenant, "kid", kid.wasm())
+    services.deploy_definition(tenant, "parent", parent.wasm())
+    run, _ = services.start_workflow(tenant, "parent")
+    worker = Worker(
+        WorkerOptions(worker_id="kids", concurrency=1, poll_interval_s=0.05, burst=True)
+    )
+    assert worker.run() == 2
+    assert status_of(tenant, run.id).status == Status.DONE
+    with tenant_context(tenant.id):
+        assert list(
+            WorkflowInstance.objects.filter(parent_id=run.id).values_list("priority", "status")
+        ) == [(100, Status.DONE)]
