@@ -356,3 +356,38 @@ def test_a_childs_priority_asked_for_by_a_workflow_is_held_to_the_range(tenant: 
         assert list(
             WorkflowInstance.objects.filter(parent_id=run.id).values_list("priority", "status")
         ) == [(100, Status.DONE)]
+
+
+def test_the_tenants_admin_sets_the_cap_and_deactivates_through_the_services(
+    tenant: Tenant, noisy: Tenant
+) -> None:
+    from django.contrib.auth import get_user_model
+    from django.test import Client
+
+    user = get_user_model().objects.create_superuser("op", "op@example.com", "pw-12345678")
+    client = Client()
+    client.force_login(user)
+    services.deploy_definition(noisy, "work", calls("a"))
+    run, _ = services.start_workflow(noisy, "work")
+
+    page = f"/admin/workflows/tenant/{noisy.id}/change/"
+    saved = client.post(page, {"max_running": "3", "schedule_quota": "100"})
+    assert saved.status_code == 302, saved.content.decode()[:2000]
+    refused = client.post(page, {"max_running": "0", "schedule_quota": "100"})
+    assert refused.status_code == 200 and "max_running" in refused.content.decode()
+    assert Tenant.objects.get(id=noisy.id).max_running == 3
+
+    changelist = "/admin/workflows/tenant/"
+    action = {"action": "deactivate_tenants", "_selected_action": [str(noisy.id)]}
+    assert client.post(changelist, action).status_code == 302
+    assert not Tenant.objects.get(id=noisy.id).is_active
+    assert status_of(noisy, run.id).status == Status.PAUSED
+    action["action"] = "reactivate_tenants"
+    assert client.post(changelist, action).status_code == 302
+    assert Tenant.objects.get(id=noisy.id).is_active
+    assert status_of(noisy, run.id).status == Status.READY
+    with tenant_context(noisy.id):
+        assert list(AuditLog.objects.order_by("created_at").values_list("action", "operator")) == [
+            ("deactivate_tenant", "admin:op"),
+            ("reactivate_tenant", "admin:op"),
+        ]

@@ -10,23 +10,27 @@ from __future__ import annotations
 import json
 import threading
 import time
+from datetime import timedelta
 from typing import Any
 
 import psycopg
 import pytest
-from django.db import connection
+from django.db import OperationalError, connection
+from django.utils import timezone
 
 from engine.services import Services
 from tests.fixtures import FakeService
 from tests.fixtures.wat import Wat
 from workflows import services
-from workflows.executor import set_services
+from workflows.executor import execute_claim, set_services
 from workflows.models import Status, Tenant, WorkflowInstance
 from workflows.rls import app_role
+from workflows.store.lifecycle import claim_ready_instances
+from workflows.store.storage import DjangoStorage
 from workflows.tenancy import tenant_context
 from workflows.worker import Worker, WorkerOptions
 
-pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.postgres_only]
+pytestmark = pytest.mark.django_db(transaction=True)
 
 LEASE_S = 60.0
 RUNS = 40
@@ -75,6 +79,7 @@ def statuses(tenant: Tenant, runs: list[str]) -> dict[str, tuple[str, int]]:
         }
 
 
+@pytest.mark.postgres_only
 def test_killed_connections_release_runs_at_once_and_cost_no_attempt(tenant: Tenant) -> None:
     def slow(request: Any) -> Any:
         time.sleep(0.05)
@@ -141,3 +146,44 @@ def test_killed_connections_release_runs_at_once_and_cost_no_attempt(tenant: Ten
     spent = {r: a for r, (_, a) in statuses(tenant, runs).items() if a != 1}
     assert spent == {}, f"a lost connection counted as the runs' attempts: {spent}"
     print(f"killed {killed} backends; every run done {recovered_s:.2f}s after the last kill")
+
+
+def test_a_lost_connection_inside_a_segment_releases_the_run_without_an_attempt(
+    tenant: Tenant, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Every database: a write of the segment fails as a dropped connection does. The run is
+    released (due again shortly), not failed as `internal` with its attempt counted; the
+    next segment completes it."""
+    service = FakeService({"slow": {"ok": True}})
+    set_services(Services.from_settings({"svc": service}))
+    real_append = DjangoStorage.append_events
+    failures = [OperationalError("server closed the connection unexpectedly")]
+
+    def dropped(self: DjangoStorage, *args: Any, **kw: Any) -> Any:
+        if failures:
+            raise failures.pop()
+        return real_append(self, *args, **kw)
+
+    monkeypatch.setattr(DjangoStorage, "append_events", dropped)
+    try:
+        services.deploy_definition(tenant, "thrice", three_calls())
+        run, _ = services.start_workflow(tenant, "thrice", json.dumps({"n": 1}))
+        [claim] = claim_ready_instances("blip", ["default"], 1, timezone.now())
+        report = execute_claim(claim, "blip")
+        assert (report.outcome, report.status) == ("released", Status.READY), report
+        with tenant_context(tenant.id):
+            released = WorkflowInstance.objects.get(id=run.id)
+        assert (released.status, released.attempt, released.error_code) == (
+            Status.READY,
+            1,
+            None,
+        )
+        assert released.next_wake_at is not None
+        later = released.next_wake_at + timedelta(milliseconds=1)
+        [again] = claim_ready_instances("blip", ["default"], 1, later)
+        assert execute_claim(again, "blip").outcome == "completed"
+    finally:
+        set_services(None)
+    with tenant_context(tenant.id):
+        done = WorkflowInstance.objects.get(id=run.id)
+    assert (done.status, done.attempt) == (Status.DONE, 1)
