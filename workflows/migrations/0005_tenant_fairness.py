@@ -34,6 +34,10 @@ LANGUAGE sql SECURITY DEFINER SET search_path = public, pg_temp AS $$
                     ELSE p_limit END AS room
           FROM workflows_tenant AS t
          WHERE t.is_active AND (p_tenant IS NULL OR t.id = p_tenant)
+           -- only tenants with something due pay for counting their running runs
+           AND EXISTS (SELECT 1 FROM workflows_workflowinstance AS w
+                        WHERE w.tenant_id = t.id AND w.status = 'ready'
+                          AND w.next_wake_at <= p_now AND w.task_queue = ANY(p_queues))
     ),
     candidates AS (
         SELECT c.id, c.tenant_id, r.last_claimed_at, c.priority, c.next_wake_at, c.created_at
