@@ -71,8 +71,12 @@ LANGUAGE sql SECURITY DEFINER SET search_path = public, pg_temp AS $$
         RETURNING i.id, i.tenant_id, i.generation
     ),
     served AS (
+        -- SKIP LOCKED: a claim never waits for (nor deadlocks with) another claim's turn
+        -- record; a tenant whose row is busy keeps its older turn this once.
         UPDATE workflows_tenant AS t SET last_claimed_at = p_now
-         WHERE t.id IN (SELECT claimed.tenant_id FROM claimed)
+         WHERE t.id IN (SELECT s.id FROM workflows_tenant AS s
+                         WHERE s.id IN (SELECT claimed.tenant_id FROM claimed)
+                           FOR NO KEY UPDATE SKIP LOCKED)
         RETURNING 1
     )
     SELECT claimed.id, claimed.tenant_id, claimed.generation FROM claimed

@@ -141,8 +141,27 @@ def claim_ready_instances(
         rows = list(
             WorkflowInstance.objects.filter(id__in=ids).values_list("id", "tenant_id", "generation")
         )
-        Tenant.objects.filter(id__in={t for _, t, _ in rows}).update(last_claimed_at=now)
-        return [Claim(i, t, g) for i, t, g in rows]
+    _record_turns({t for _, t, _ in rows}, now)
+    return [Claim(i, t, g) for i, t, g in rows]
+
+
+def _record_turns(tenants: set[uuid.UUID], now: datetime) -> None:
+    """Note when the claim served these tenants -- after the claim committed, in a transaction
+    of its own that skips a tenant row someone holds. On MariaDB every insert into a tenant's
+    tables share-locks its tenant row (the foreign key check): a claim that updated the row
+    inside its own transaction waited for those and deadlocked with finalizes."""
+    if not tenants:
+        return
+    with transaction.atomic():
+        free = list(
+            Tenant.objects.select_for_update(
+                skip_locked=connection.features.has_select_for_update_skip_locked
+            )
+            .filter(id__in=tenants)
+            .values_list("id", flat=True)
+        )
+        if free:
+            Tenant.objects.filter(id__in=free).update(last_claimed_at=now)
 
 
 def default_max_running() -> int:
