@@ -174,6 +174,10 @@ CLEAT_REDACT_PATTERNS_FILE = env.str("CLEAT_REDACT_PATTERNS_FILE", default="")
 CLEAT_MEMORY_LIMIT_BYTES = env.int("CLEAT_MEMORY_LIMIT_BYTES", default=32 * 1024 * 1024)
 CLEAT_MAX_STRING_BYTES = env.int("CLEAT_MAX_STRING_BYTES", default=1024 * 1024)
 CLEAT_SEGMENT_TIMEOUT_SECONDS = env.float("CLEAT_SEGMENT_TIMEOUT_SECONDS", default=30.0)
+# The console's "state at step N" replays in the web process: its own, short deadline.
+CLEAT_CONSOLE_REPLAY_TIMEOUT_SECONDS = env.float(
+    "CLEAT_CONSOLE_REPLAY_TIMEOUT_SECONDS", default=2.0
+)
 CLEAT_FUEL = env.int("CLEAT_FUEL", default=0)  # 0: instruction metering off
 CLEAT_MAX_INSTANCES = env.int("CLEAT_MAX_INSTANCES", default=256)
 CLEAT_MAX_TABLE_ELEMENTS = env.int("CLEAT_MAX_TABLE_ELEMENTS", default=8 * 1024 * 1024)

@@ -15,15 +15,13 @@ from typing import Any
 from django.db import DatabaseError, InterfaceError, OperationalError, connection
 
 from engine.errors import ErrorCode, FenceLost, InvalidModule
+from engine.lifecycle import outcome_kind
 from engine.runtime import WasmRuntime
 from engine.services import Services
 from engine.session import (
-    Completed,
-    ContinuedAsNew,
     Failed,
     RunInfo,
     SegmentResult,
-    Suspended,
     failed,
 )
 from engine.storage import RunRef
@@ -132,6 +130,7 @@ def _execute_claim(
         input=instance.input,
         start_ms=int(instance.created_at.timestamp() * 1000),
         entry_point=instance.entry_point,
+        min_version=loaded.min_version,
         max_history_events=loaded.max_history_length or None,
     )
     storage = _WatchedStorage(DjangoStorage(claim.tenant_id, clock))
@@ -159,18 +158,7 @@ def _execute_claim(
         except Exception:
             log.exception("event=release_error run=%s", claim.id)
         raise
-    outcome = result.outcome
-    kind = {
-        Completed: "completed",
-        Failed: "failed",
-        Suspended: "suspended",
-        ContinuedAsNew: "continued",
-    }[type(outcome)]
-    detail = ""
-    if isinstance(outcome, Failed):
-        detail = f"{outcome.code.value}: {outcome.message[:200]}"
-    elif isinstance(outcome, Suspended):
-        detail = outcome.wait.describe()
+    kind, detail = outcome_kind(result.outcome)
     return SegmentReport(
         str(claim.id),
         kind,
@@ -263,16 +251,14 @@ def _fail_unloadable(
     started: float,
 ) -> SegmentReport:
     outcome = failed(ErrorCode.INVALID_MODULE, f"the stored module cannot be loaded: {exc}")
+    kind, detail = outcome_kind(outcome)
     result = SegmentResult(outcome, (), (), dict(loaded.instance.query_state or {}), 0, 0)
     try:
         finalized = finalize_segment(loaded.ref, result, clock() if clock else None)
     except FenceLost as lost:
         log.info("event=fence_lost run=%s detail=%s", loaded.claim.id, lost)
         return SegmentReport(str(loaded.claim.id), "fence_lost", "", 0, 0, _ms(started), str(lost))
-    detail = f"{outcome.code.value}: {outcome.message[:200]}"
-    return SegmentReport(
-        str(loaded.claim.id), "failed", finalized.status, 0, 0, _ms(started), detail
-    )
+    return SegmentReport(str(loaded.claim.id), kind, finalized.status, 0, 0, _ms(started), detail)
 
 
 def _ms(started: float) -> float:

@@ -21,6 +21,7 @@ from django.utils import timezone
 
 from engine.errors import ErrorCode
 from engine.events import EventType
+from engine.lifecycle import RetryPolicy
 
 DEFAULT_TENANT_ID = uuid.UUID("00000000-0000-0000-0000-000000000000")
 
@@ -189,12 +190,15 @@ class WorkflowDefinition(TenantScoped):
     def __str__(self) -> str:
         return f"{self.name} v{self.version}"
 
-    def retry_delay_s(self, attempt: int) -> float:
-        """Backoff before retry ``attempt`` (1-based)."""
-        delay = self.retry_initial_interval_s * self.retry_backoff_coefficient ** max(
-            0, attempt - 1
+    @property
+    def retry_policy(self) -> RetryPolicy:
+        """The policy :mod:`engine.lifecycle` retries a retryable failure of a run with."""
+        return RetryPolicy(
+            max_attempts=self.retry_max_attempts,
+            initial_interval_s=self.retry_initial_interval_s,
+            backoff_coefficient=self.retry_backoff_coefficient,
+            max_interval_s=self.retry_max_interval_s,
         )
-        return min(delay, self.retry_max_interval_s)
 
 
 class VersionTag(TenantScoped):
@@ -407,6 +411,8 @@ class ConcurrencyKey(TenantScoped):
         constraints = [
             models.UniqueConstraint(fields=["tenant", "key"], name="concurrency_key_unique")
         ]
+        # A run's end releases every lock its workflow holds.
+        indexes = [models.Index(fields=["tenant", "holder"], name="concurrency_key_holder")]
 
 
 class WorkflowState(TenantScoped):

@@ -19,6 +19,7 @@ from django.db import IntegrityError, transaction
 from django.db.models import F, Max
 from django.utils import timezone
 
+from engine import lifecycle
 from engine.errors import ErrorCode, InvalidModule
 from engine.events import AdminActionEvent, encode
 from workflows.models import (
@@ -418,13 +419,19 @@ def _check_generation(instance: WorkflowInstance, generation: int | None) -> Non
         )
 
 
+def _refuse_close(action: str, instance: WorkflowInstance) -> None:
+    """A Conflict when the run's status does not allow ``action`` (the lifecycle's rule)."""
+    refusal = lifecycle.close_refusal(action, instance.status)
+    if refusal is not None:
+        raise Conflict(f"run {instance.id} is {refusal}", "run_id")
+
+
 def cancel_workflow(
     tenant: Tenant, run_id: str, reason: str = "", operator: str = "api"
 ) -> WorkflowInstance:
     with tenant_context(tenant.id):
         instance = get_instance(tenant, run_id, lock=True)
-        if instance.is_terminal:
-            raise Conflict(f"run {run_id} is already {instance.status}", "run_id")
+        _refuse_close("cancel", instance)
         instance.cancel_requested = True
         instance.cancel_reason = reason or f"cancelled by {operator}"
         instance.save(update_fields=["cancel_requested", "cancel_reason", "updated_at"])
@@ -440,8 +447,7 @@ def terminate_workflow(
 ) -> WorkflowInstance:
     with tenant_context(tenant.id):
         instance = get_instance(tenant, run_id, lock=True)
-        if instance.is_terminal:
-            raise Conflict(f"run {run_id} is already {instance.status}", "run_id")
+        _refuse_close("terminate", instance)
         _audit(tenant, instance, "terminate", operator, reason)
         terminate_instance(instance, reason or f"terminated by {operator}", timezone.now())
     return instance
@@ -542,11 +548,13 @@ def force_complete(
     with tenant_context(tenant.id):
         instance = get_instance(tenant, run_id, lock=True)
         _check_generation(instance, generation)
-        if instance.status == Status.DONE:
-            raise Conflict(f"run {run_id} is already done", "run_id")
+        _refuse_close("force_complete", instance)
         _audit(tenant, instance, "force_complete", operator, reason)
         close_instance(
-            instance, Status.DONE, timezone.now(), result=text, error=None, error_code=None
+            instance,
+            "force_complete",
+            lifecycle.force_complete(instance.workflow_id, text),
+            timezone.now(),
         )
     return instance
 
@@ -567,10 +575,14 @@ def force_fail(
     with tenant_context(tenant.id):
         instance = get_instance(tenant, run_id, lock=True)
         _check_generation(instance, generation)
-        if instance.is_terminal:
-            raise Conflict(f"run {run_id} is already {instance.status}", "run_id")
+        _refuse_close("force_fail", instance)
         _audit(tenant, instance, "force_fail", operator, reason, {"code": code})
-        close_instance(instance, Status.FAILED, timezone.now(), error=message, error_code=code)
+        close_instance(
+            instance,
+            "force_fail",
+            lifecycle.force_fail(instance.workflow_id, message, code),
+            timezone.now(),
+        )
     return instance
 
 

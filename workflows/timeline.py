@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from html import escape
 
 from engine.events import (
@@ -50,6 +50,7 @@ from engine.events import (
     decode,
 )
 from engine.status import Status
+from workflows.redaction import redacted_text
 
 MAX_ROWS = 2000
 
@@ -284,7 +285,10 @@ def build_items(rows: Sequence[EncodedEvent], start_ms: int) -> list[Item]:
             items.append(Item(row.step, "undecodable", str(exc), "event", row.ts, row.ts, "failed"))
             continue
         item = _item(event, vnow)
-        items.append(item)
+        # What the run sent and received is shown the way the API shows it: redacted.
+        items.append(
+            replace(item, label=redacted_text(item.label), detail=redacted_text(item.detail))
+        )
         if event.ts > vnow and not isinstance(event, AdminActionEvent):
             # Admin actions carry wall time and are not guest steps: they do not move the
             # run's virtual clock (replay steps over them too).

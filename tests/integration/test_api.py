@@ -186,6 +186,10 @@ def test_bound_staff_users_get_their_tenant_and_their_console_role(
     StaffTenant.objects.create(user=staff, tenant=other_tenant)
     client = Client()
     client.force_login(staff)
+    # Without a console permission on runs, no API either.
+    assert client.get("/api/v1/workflows").status_code == 403
+    staff.user_permissions.add(Permission.objects.get(codename="view_workflowinstance"))
+    client.force_login(get_user_model().objects.get(pk=staff.pk))
     # A crafted tenant choice in the session is ignored for a bound user.
     session = client.session
     session["cleat_tenant"] = str(tenant.id)

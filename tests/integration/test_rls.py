@@ -53,7 +53,6 @@ from workflows.models import (
     WorkflowState,
 )
 from workflows.rls import (
-    DEFINER_FUNCTIONS,
     DISPATCHER_ROLE,
     WORKFLOW_TABLES,
     app_role,
@@ -66,6 +65,7 @@ from workflows.store.lifecycle import (
     next_due_at,
     reap_expired_leases,
 )
+from workflows.store.sql.postgresql import DEFINER_FUNCTIONS
 from workflows.store.storage import DjangoStorage
 from workflows.tenancy import tenant_context
 

@@ -11,17 +11,14 @@ from __future__ import annotations
 
 import dataclasses
 import json
-from functools import lru_cache
 from typing import Any
 
-from django.conf import settings
 from drf_spectacular.types import OpenApiTypes
 from drf_spectacular.utils import extend_schema_field
 from rest_framework import serializers
 
 from engine.errors import ErrorCode
 from engine.events import CodecError, EncodedEvent, decode
-from engine.redaction import Redactor
 from workflows.models import (
     PRIORITY_MAX,
     PRIORITY_MIN,
@@ -35,6 +32,7 @@ from workflows.models import (
     WorkflowEvent,
     WorkflowInstance,
 )
+from workflows.redaction import redactor
 
 INT32_MAX = 2**31 - 1
 INT32_MIN = -(2**31)
@@ -42,15 +40,6 @@ NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,127}$"
 TAG_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$"
 MAX_REASON = 2000
 MAX_UPDATE_WAIT_SECONDS = 30.0
-
-
-def redactor() -> Redactor:
-    return _redactor_for(str(getattr(settings, "CLEAT_REDACT_PATTERNS_FILE", "") or ""))
-
-
-@lru_cache(maxsize=4)
-def _redactor_for(path: str) -> Redactor:
-    return Redactor.with_pattern_file(path or None)
 
 
 def json_text(value: Any) -> str:

@@ -57,7 +57,7 @@ from workflows.models import (
     WorkflowEvent,
     WorkflowInstance,
 )
-from workflows.tenancy import tenant_context
+from workflows.tenancy import of_tenant, tenant_context
 
 API_REQUESTS = Counter(
     "cleat_api_requests_total", "REST API requests", ["method", "endpoint", "status"]
@@ -212,7 +212,7 @@ class DefinitionViewSet(TenantViewSet):
     def get_queryset(self) -> QuerySet[WorkflowDefinition]:
         if getattr(self, "swagger_fake_view", False):
             return WorkflowDefinition.objects.none()
-        return _with_active_runs(WorkflowDefinition.objects.filter(tenant_id=self.tenant.id))
+        return _with_active_runs(of_tenant(WorkflowDefinition, self.tenant))
 
     @extend_schema(
         summary="List deployed versions",
@@ -272,14 +272,15 @@ class DefinitionViewSet(TenantViewSet):
     )
     def retrieve(self, request: Request, name: str) -> Response:
         rows = list(
-            WorkflowDefinition.objects.filter(tenant_id=self.tenant.id, name=name)
+            of_tenant(WorkflowDefinition, self.tenant)
+            .filter(name=name)
             .order_by("version")
             .values_list("version", "deprecated")
         )
         if not rows:
             raise services.NotFound(f"no workflow definition named {name!r}", "name")
-        tags = VersionTag.objects.filter(tenant_id=self.tenant.id, name=name)
-        rules = RoutingRule.objects.filter(tenant_id=self.tenant.id, name=name)
+        tags = of_tenant(VersionTag, self.tenant).filter(name=name)
+        rules = of_tenant(RoutingRule, self.tenant).filter(name=name)
         return Response(
             {
                 "name": name,
@@ -324,7 +325,9 @@ class DefinitionViewSet(TenantViewSet):
     def tag(self, request: Request, name: str, tag: str) -> Response:
         if request.method == "GET":
             definition = definitions.resolve_tag(self.tenant, name, tag)
-            found = _with_active_runs(WorkflowDefinition.objects.filter(id=definition.id)).get()
+            found = _with_active_runs(
+                of_tenant(WorkflowDefinition, self.tenant).filter(id=definition.id)
+            ).get()
             return Response(s.DefinitionSerializer(found).data)
         definitions.remove_tag(self.tenant, name, tag, self.operator)
         return Response(status=status.HTTP_204_NO_CONTENT)
@@ -415,7 +418,7 @@ class DefinitionVersionViewSet(TenantViewSet):
         if getattr(self, "swagger_fake_view", False):
             return WorkflowDefinition.objects.none()
         return _with_active_runs(
-            WorkflowDefinition.objects.filter(tenant_id=self.tenant.id, name=self.kwargs["name"])
+            of_tenant(WorkflowDefinition, self.tenant).filter(name=self.kwargs["name"])
         )
 
     def _version(self) -> int:
@@ -532,7 +535,7 @@ class WorkflowViewSet(TenantViewSet):
         if getattr(self, "swagger_fake_view", False):
             return WorkflowInstance.objects.none()
         return (
-            WorkflowInstance.objects.filter(tenant_id=self.tenant.id)
+            of_tenant(WorkflowInstance, self.tenant)
             .select_related("continued_as")
             .defer("compaction_state", "continued_as__compaction_state")
         )
@@ -619,7 +622,7 @@ class WorkflowViewSet(TenantViewSet):
     def events(self, request: Request, run_id: str) -> Response:
         query = self.params(s.EventsQuerySerializer)
         run = services.get_instance(self.tenant, run_id)
-        events = WorkflowEvent.objects.filter(tenant_id=self.tenant.id, instance_id=run.id)
+        events = of_tenant(WorkflowEvent, self.tenant).filter(instance_id=run.id)
         page = self.paginate_queryset(events)
         context = {**self.get_serializer_context(), "decoded": query["decoded"]}
         return self.get_paginated_response(s.EventSerializer(page, many=True, context=context).data)
@@ -823,7 +826,7 @@ class PromiseViewSet(TenantViewSet):
     def get_queryset(self) -> QuerySet[Promise]:
         if getattr(self, "swagger_fake_view", False):
             return Promise.objects.none()
-        return Promise.objects.filter(tenant_id=self.tenant.id)
+        return of_tenant(Promise, self.tenant)
 
     def _promise(self, promise_id: str) -> Promise:
         found = self.get_queryset().filter(id=promise_id).first()

@@ -14,6 +14,7 @@ from django.db.models import Count, Min, Q, QuerySet
 from django.db.models.functions import TruncMinute
 
 from workflows.models import TERMINAL_STATUSES, Status, Tenant, WorkflowInstance
+from workflows.tenancy import of_tenant
 
 WINDOW_MINUTES = 60
 _FAILED = (Status.FAILED, Status.DEAD_LETTERED, Status.TERMINATED)
@@ -90,7 +91,7 @@ def _per_minute(
 
 
 def dashboard(tenant: Tenant, now: datetime, definition: str | None = None) -> Dashboard:
-    runs = WorkflowInstance.objects.filter(tenant_id=tenant.id)
+    runs = of_tenant(WorkflowInstance, tenant.id)
     if definition:
         runs = runs.filter(definition_name=definition)
     last = now.replace(second=0, microsecond=0)

@@ -18,6 +18,7 @@ from django.db import connection, transaction
 from engine.services import CallContext, Services
 from engine.status import Status
 from workflows.models import Invocation
+from workflows.store.sql import queries
 from workflows.tenancy import tenant_context
 
 log = logging.getLogger("cleat.worker")
@@ -25,31 +26,13 @@ log = logging.getLogger("cleat.worker")
 LEASE = timedelta(seconds=60)
 MAX_ATTEMPTS = 20
 
-# A deactivated tenant's invocations wait with its runs (migration 0005 installs this text;
-# 0003 installed it without the tenant join).
-CLAIM_SQL = """
-CREATE OR REPLACE FUNCTION cleat.claim_invocations(
-    p_now timestamptz, p_limit integer, p_until timestamptz)
-RETURNS TABLE(id varchar, tenant_id uuid)
-LANGUAGE sql SECURITY DEFINER SET search_path = public, pg_temp AS $$
-    UPDATE workflows_invocation AS v SET deliver_at = p_until
-     WHERE v.id IN (
-           SELECT c.id FROM workflows_invocation AS c
-             JOIN workflows_tenant AS t ON t.id = c.tenant_id AND t.is_active
-            WHERE c.status = 'pending' AND c.deliver_at <= p_now
-            ORDER BY c.deliver_at LIMIT p_limit FOR UPDATE OF c SKIP LOCKED)
-    RETURNING v.id, v.tenant_id
-$$;
-"""
-
 
 def claim_due(now: datetime, limit: int) -> list[tuple[str, uuid.UUID]]:
     until = now + LEASE
-    if connection.vendor == "postgresql":
+    sql = queries(connection)
+    if "claim_invocations" in sql:
         with connection.cursor() as cursor:
-            cursor.execute(
-                "SELECT id, tenant_id FROM cleat.claim_invocations(%s, %s, %s)", [now, limit, until]
-            )
+            cursor.execute(sql["claim_invocations"], [now, limit, until])
             return [(str(i), uuid.UUID(str(t))) for i, t in cursor.fetchall()]
     with transaction.atomic():
         rows = list(

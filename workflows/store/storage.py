@@ -11,7 +11,6 @@ two instance locks at once.
 
 from __future__ import annotations
 
-import json
 import uuid
 from collections.abc import Callable, Collection, Sequence
 from datetime import datetime, timedelta
@@ -20,7 +19,6 @@ from typing import Any
 from django.db import IntegrityError, connection, transaction
 from django.utils import timezone
 
-from engine.cron import cron_error, timezone_error
 from engine.errors import FenceLost, Refused, StorageError
 from engine.events import EncodedEvent, Event, encode
 from engine.status import Status
@@ -54,7 +52,6 @@ from workflows.models import (
     Invocation,
     Promise,
     Signal,
-    Tenant,
     WorkflowDefinition,
     WorkflowEvent,
     WorkflowInstance,
@@ -66,8 +63,9 @@ from workflows.models import (
 from workflows.models import (
     UpdateRequest as UpdateRequestRow,
 )
-from workflows.store import wake
-from workflows.tenancy import TENANT_SETTING, tenant_context
+from workflows.store import crons, wake
+from workflows.store.sql import queries
+from workflows.tenancy import tenant_context
 
 
 def lock_fenced(ref: RunRef) -> int:
@@ -156,42 +154,6 @@ def append_locked(
     return expected
 
 
-# PostgreSQL: the fence and the append of a per-step flush in one statement. The UPDATE
-# matches only the claimed row (owner, generation, running) whose history ends right before
-# the first new step, and takes its row lock; the INSERT selects from its RETURNING, so it
-# inserts nothing unless the fence matched. RLS applies to both (the tenant is set first).
-#
-# The INSERT part is shared with the one-message finalize (``store.lifecycle``): a CTE named
-# ``appended`` inserting the events from a CTE ``fence`` (RETURNING ``id, tenant_id``), with
-# the parameters of :func:`append_params`.
-APPEND_FROM_FENCE_SQL = f"""appended AS (
-    INSERT INTO {WorkflowEvent._meta.db_table}
-           (tenant_id, instance_id, step, type_code, payload, timestamp_ms, checksum,
-            intent_at, created_at)
-    SELECT fence.tenant_id, fence.id, e.step, e.type_code, e.payload, e.ts, e.checksum,
-           e.intent_at, %s
-      FROM fence,
-           unnest(%s::integer[], %s::smallint[], %s::text[], %s::bigint[], %s::varchar[],
-                  %s::timestamptz[]) AS e(step, type_code, payload, ts, checksum, intent_at)
-    RETURNING 1
-)"""
-_FENCED_APPEND_SQL = f"""
-WITH fence AS (
-    UPDATE {WorkflowInstance._meta.db_table}
-       SET event_count = %s, heartbeat_at = %s
-     WHERE id = %s AND tenant_id = %s AND assigned_to = %s AND generation = %s
-       AND status = %s AND event_count = %s
-    RETURNING id, tenant_id
-), {APPEND_FROM_FENCE_SQL}
-SELECT count(*) FROM fence
-"""
-# Outside a transaction, with client-side binding (Django's default for psycopg 3), the
-# tenant and the statement go in one simple-protocol message: PostgreSQL runs the statements
-# of one message as one implicit transaction (set_config(..., true) is local to it; an error
-# rolls all of it back), so a step costs one round trip and one commit.
-SET_TENANT_SQL = f"SELECT set_config('{TENANT_SETTING}', %s, true);"
-
-
 def contiguous(events: Sequence[Event]) -> bool:
     """The events' steps follow one another (what the one-statement appends require)."""
     first = events[0].step if events else 0
@@ -199,7 +161,8 @@ def contiguous(events: Sequence[Event]) -> bool:
 
 
 def append_params(stored: Sequence[EncodedEvent], now: datetime) -> list[Any]:
-    """The parameters of :data:`APPEND_FROM_FENCE_SQL`: ``created_at`` and the event arrays."""
+    """The parameters of the events' INSERT shared by ``fenced_append`` and ``finalize_done``
+    (``APPEND_FROM_FENCE_SQL`` in sql/postgresql.py): ``created_at`` and the event arrays."""
     return [
         now,
         [s.step for s in stored],
@@ -220,7 +183,8 @@ def fenced_append(
     written -- not PostgreSQL, an unusual batch, or the row did not match (fence lost, a
     gap, a retried flush): the caller then takes the general path (:func:`lock_fenced` +
     :func:`append_locked`), which tells those cases apart."""
-    if connection.vendor != "postgresql" or not events:
+    sql = queries(connection)
+    if "fenced_append" not in sql or not events:
         return False
     if not contiguous(events):
         return False
@@ -240,12 +204,14 @@ def fenced_append(
     if not connection.in_atomic_block and connection.get_autocommit():
         with connection.cursor() as cursor:
             if client_side_binding(cursor):
-                cursor.execute(SET_TENANT_SQL + _FENCED_APPEND_SQL, [str(tenant_id), *params])
+                cursor.execute(
+                    sql["set_tenant_in_message"] + sql["fenced_append"], [str(tenant_id), *params]
+                )
                 cursor.nextset()
                 row = cursor.fetchone()
                 return bool(row and row[0] == 1)
     with tenant_context(tenant_id), connection.cursor() as cursor:
-        cursor.execute(_FENCED_APPEND_SQL, params)
+        cursor.execute(sql["fenced_append"], params)
         row = cursor.fetchone()
     return bool(row and row[0] == 1)
 
@@ -413,15 +379,9 @@ class DjangoStorage:
                 settle_promise(tenant, m.promise_id, m.value, m.error, m.rejected, now)
                 return None
             case CreateSchedule():
-                return create_schedule_from_workflow(tenant, ref, m, now)
+                return crons.create(tenant, ref, m, now)
             case DeleteSchedule():
-                from schedules.models import Schedule
-
-                deleted, _ = Schedule.objects.filter(
-                    tenant_id=tenant, id=_uuid_or_none(m.schedule_id)
-                ).delete()
-                if not deleted:
-                    raise Refused(Status.NOT_FOUND, f"no schedule {m.schedule_id}")
+                crons.delete(tenant, m)
                 return None
             case EnqueueInvocation():
                 Invocation.objects.get_or_create(
@@ -541,22 +501,8 @@ class DjangoStorage:
             return sorted(keys)
 
     def list_schedules(self, run: RunRef) -> list[dict[str, Any]]:
-        from schedules.models import Schedule
-
         with tenant_context(self.tenant_id):
-            rows = Schedule.objects.filter(tenant_id=self.tenant_id).order_by("created_at", "id")
-            return [
-                {
-                    "id": str(s.id),
-                    "name": s.name,
-                    "workflow_name": s.workflow_name,
-                    "cron": s.cron,
-                    "timezone": s.timezone,
-                    "input": s.input,
-                    "enabled": s.enabled,
-                }
-                for s in rows
-            ]
+            return crons.list_schedules(self.tenant_id)
 
     def pending_updates(self, run: RunRef, exclude: Collection[str]) -> list[UpdateRequest]:
         with tenant_context(self.tenant_id):
@@ -674,47 +620,6 @@ def settle_promise(
     promise.save(update_fields=["status", "value", "error", "settled_at"])
     wake.after_commit(tenant, promise.instance_id)
     return promise
-
-
-def create_schedule_from_workflow(
-    tenant: uuid.UUID, ref: RunRef, m: CreateSchedule, now: datetime
-) -> str:
-    from schedules.cron import CronError, next_fire_time
-    from schedules.models import Schedule
-
-    problem = cron_error(m.cron) or timezone_error(m.timezone)
-    if problem:
-        raise Refused(Status.PERMANENT, problem)
-    if not WorkflowDefinition.objects.filter(tenant_id=tenant, name=m.workflow_name).exists():
-        raise Refused(Status.NOT_FOUND, f"no workflow definition named {m.workflow_name!r}")
-    schedule_id = uuid.UUID(m.schedule_id)
-    if Schedule.objects.filter(tenant_id=tenant, id=schedule_id).exists():
-        return m.schedule_id
-    quota = Tenant.objects.filter(id=tenant).values_list("schedule_quota", flat=True).first() or 0
-    if Schedule.objects.filter(tenant_id=tenant).count() >= quota:
-        raise Refused(Status.DENIED, f"the tenant's quota of {quota} schedules is reached")
-    try:
-        json.loads(m.input)
-    except json.JSONDecodeError:
-        raise Refused(Status.PERMANENT, "the schedule's input is not valid JSON") from None
-    try:
-        # The scheduler takes it from here: the first instant after the step's time.
-        first_run = next_fire_time(m.cron, m.timezone, now)
-    except CronError as exc:
-        raise Refused(Status.PERMANENT, exc.message) from None
-    Schedule.objects.create(
-        id=schedule_id,
-        tenant_id=tenant,
-        name=f"{m.workflow_name}-{m.schedule_id[:8]}",
-        workflow_name=m.workflow_name,
-        cron=m.cron,
-        timezone=m.timezone,
-        input=m.input,
-        next_run_at=first_run,
-        created_by_run=_uuid_or_none(ref.run_id),
-        created_at=now,
-    )
-    return m.schedule_id
 
 
 __all__ = [

@@ -23,6 +23,7 @@ from django.db.models import Q
 from django.utils import timezone
 
 from workflows.models import Status, WorkflowInstance
+from workflows.store.sql import queries
 from workflows.tenancy import tenant_context
 
 log = logging.getLogger("cleat.store")
@@ -56,11 +57,12 @@ def after_commit(tenant: uuid.UUID, instance_id: uuid.UUID | str) -> None:
 
 def notify() -> None:
     """Wake idle workers (PostgreSQL LISTEN/NOTIFY); a no-op elsewhere (they poll)."""
-    if connection.vendor != "postgresql":
+    statement = queries(connection).get("notify_wake")
+    if statement is None:
         return
     try:
         with connection.cursor() as cursor:
-            cursor.execute("SELECT pg_notify(%s, '')", [NOTIFY_CHANNEL])
+            cursor.execute(statement, [NOTIFY_CHANNEL])
     except Exception:
         log.debug("pg_notify failed", exc_info=True)
 

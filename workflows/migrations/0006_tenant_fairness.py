@@ -174,7 +174,7 @@ def restore_plain_claim(apps, schema_editor):
 
 class Migration(migrations.Migration):
     dependencies = [
-        ("workflows", "0004_console_staff_tenant"),
+        ("workflows", "0005_lifecycle_lock_holder_index"),
     ]
 
     operations = [
