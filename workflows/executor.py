@@ -28,6 +28,7 @@ from engine.storage import RunRef
 from workflows.conf import cleat_settings
 from workflows.store.lifecycle import (
     Claim,
+    Finalized,
     LoadedRun,
     finalize_segment,
     load_run,
@@ -143,7 +144,7 @@ def _execute_claim(
             # The engine reports a storage exception as the run's `internal` failure; when
             # it was the connection, the run is released instead (no attempt spent).
             raise storage.lost
-        finalized = finalize_segment(loaded.ref, result, clock() if clock else None)
+        finalized = _finalize(loaded.ref, result, clock() if clock else None)
     except FenceLost as exc:
         log.info("event=fence_lost run=%s detail=%s", claim.id, exc)
         return SegmentReport(str(claim.id), "fence_lost", "", 0, 0, _ms(started), str(exc))
@@ -254,11 +255,42 @@ def _fail_unloadable(
     kind, detail = outcome_kind(outcome)
     result = SegmentResult(outcome, (), (), dict(loaded.instance.query_state or {}), 0, 0)
     try:
-        finalized = finalize_segment(loaded.ref, result, clock() if clock else None)
+        finalized = _finalize(loaded.ref, result, clock() if clock else None)
     except FenceLost as lost:
         log.info("event=fence_lost run=%s detail=%s", loaded.claim.id, lost)
         return SegmentReport(str(loaded.claim.id), "fence_lost", "", 0, 0, _ms(started), str(lost))
     return SegmentReport(str(loaded.claim.id), kind, finalized.status, 0, 0, _ms(started), detail)
+
+
+# A deadlock victim's transaction is rolled back whole (InnoDB 1213, PostgreSQL 40P01), so the
+# fenced finalize, whose inputs are all in memory, can simply run again. On MariaDB a
+# finalize's row update and the heartbeat's UPDATE of the worker's rows (or a claim's locking
+# read) can deadlock under REPEATABLE READ's next-key locks; without this the run was released
+# and its segment made again.
+FINALIZE_DEADLOCK_RETRIES = 3
+
+
+def _finalize(ref: RunRef, result: SegmentResult, now: datetime | None) -> Finalized:
+    for attempt in range(FINALIZE_DEADLOCK_RETRIES + 1):
+        try:
+            return finalize_segment(ref, result, now)
+        except OperationalError as exc:
+            if (
+                not is_deadlock(exc)
+                or connection.in_atomic_block
+                or attempt == FINALIZE_DEADLOCK_RETRIES
+            ):
+                raise
+            log.warning("event=finalize_deadlock run=%s attempt=%d", ref.run_id, attempt + 1)
+            time.sleep(0.02 * (attempt + 1))
+    raise AssertionError("unreachable")  # the loop returns or raises
+
+
+def is_deadlock(exc: BaseException) -> bool:
+    """True for a deadlock the database resolved by rolling this transaction back."""
+    if exc.args and exc.args[0] == 1213:  # MySQL / MariaDB: ER_LOCK_DEADLOCK
+        return True
+    return getattr(exc.__cause__, "sqlstate", None) == "40P01"  # PostgreSQL
 
 
 def _ms(started: float) -> float:
