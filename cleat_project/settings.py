@@ -204,6 +204,15 @@ CLEAT_FETCH_ALLOW_PRIVATE = env.bool("CLEAT_FETCH_ALLOW_PRIVATE", default=False)
 CLEAT_PLUGINS = env.json("CLEAT_PLUGINS", default={})
 # A waiting run re-checks its wait at least this often (recovers a wake lost to a crash).
 CLEAT_WAIT_RECHECK_SECONDS = env.float("CLEAT_WAIT_RECHECK_SECONDS", default=300.0)
+# Fairness between tenants: most runs of one tenant running at once, for a tenant that sets
+# none in the admin (0: no cap); the highest run priority an API key of each role may ask
+# for (priorities range from -100 to 100; the admin and commands may use the whole range);
+# most runs one schedule backfill may start.
+CLEAT_TENANT_MAX_RUNNING = env.int("CLEAT_TENANT_MAX_RUNNING", default=100)
+CLEAT_PRIORITY_MAX_BY_ROLE = env.json(
+    "CLEAT_PRIORITY_MAX_BY_ROLE", default={"operator": 10, "admin": 100}
+)
+CLEAT_MAX_BACKFILL_RUNS = env.int("CLEAT_MAX_BACKFILL_RUNS", default=100)
 # PostgreSQL: the role the application connects as (created by the migrations).
 CLEAT_APP_ROLE = env.str("CLEAT_APP_ROLE", default="cleat_app")
 CLEAT_APP_ROLE_PASSWORD = env.str("CLEAT_APP_ROLE_PASSWORD", default="")

@@ -18,7 +18,7 @@ from collections.abc import Callable
 from typing import Any
 from uuid import UUID
 
-from django.contrib import admin
+from django.contrib import admin, messages
 from django.contrib.auth import admin as auth_admin
 from django.contrib.auth import get_user_model
 from django.contrib.auth.models import Group
@@ -28,6 +28,7 @@ from django.urls import URLPattern, path
 from django.utils.html import format_html
 from django.utils.text import smart_split, unescape_string_literal
 
+from workflows import services
 from workflows.console import views
 from workflows.console.actions import ACTIONS, RunAction
 from workflows.console.display import STATUS_COLOURS, age_text, wait_text
@@ -375,19 +376,54 @@ class SuperuserOnly(admin.ModelAdmin):
 
 @admin.register(Tenant)
 class TenantAdmin(SuperuserOnly):
-    """Tenants are created with ``manage.py create_tenant``; here they are listed."""
+    """Tenants are created with ``manage.py create_tenant``; here superusers set a tenant's
+    running cap and schedule quota, and deactivate or reactivate it (actions that call the
+    services, which pause or resume its runs and write the audit row; the flag itself is not
+    a form field)."""
 
-    list_display = ("name", "id", "is_active", "schedule_quota", "created_at")
+    list_display = (
+        "name",
+        "id",
+        "is_active",
+        "max_running",
+        "schedule_quota",
+        "last_claimed_at",
+        "created_at",
+    )
     search_fields = ("name",)
+    fields = ("name", "is_active", "max_running", "schedule_quota", "last_claimed_at")
+    readonly_fields = ("name", "is_active", "last_claimed_at")
+    actions = ("deactivate_tenants", "reactivate_tenants")
 
     def has_add_permission(self, request: HttpRequest, obj: Any = None) -> bool:
         return False
 
-    def has_change_permission(self, request: HttpRequest, obj: Any = None) -> bool:
-        return False
-
     def has_delete_permission(self, request: HttpRequest, obj: Any = None) -> bool:
         return False
+
+    @admin.action(description="Deactivate: pause every run and schedule of the tenant")
+    def deactivate_tenants(self, request: HttpRequest, queryset: QuerySet[Tenant]) -> None:
+        self._each(request, queryset, services.deactivate_tenant, "paused")
+
+    @admin.action(description="Reactivate: resume the runs their deactivation paused")
+    def reactivate_tenants(self, request: HttpRequest, queryset: QuerySet[Tenant]) -> None:
+        self._each(request, queryset, services.reactivate_tenant, "resumed")
+
+    def _each(
+        self,
+        request: HttpRequest,
+        queryset: QuerySet[Tenant],
+        change: Callable[..., int],
+        verb: str,
+    ) -> None:
+        operator = f"admin:{request.user.get_username()}"
+        for tenant in queryset:
+            try:
+                count = change(tenant, operator)
+            except services.ServiceError as exc:
+                self.message_user(request, exc.message, messages.WARNING)
+            else:
+                self.message_user(request, f"{tenant.name}: {count} run(s) {verb}")
 
 
 @admin.register(StaffTenant)

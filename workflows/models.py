@@ -15,7 +15,7 @@ import uuid
 from typing import Any
 
 from django.conf import settings
-from django.core.validators import MinValueValidator, RegexValidator
+from django.core.validators import MaxValueValidator, MinValueValidator, RegexValidator
 from django.db import models
 from django.utils import timezone
 
@@ -79,7 +79,20 @@ class Tenant(models.Model):
     schedule_quota = models.PositiveIntegerField(
         default=100, help_text="Most schedules this tenant may hold (workflows and API alike)."
     )
-    is_active = models.BooleanField(default=True)
+    is_active = models.BooleanField(
+        default=True,
+        help_text="Deactivate (the tenant admin's action) to pause every run and schedule.",
+    )
+    max_running = models.PositiveIntegerField(
+        null=True,
+        blank=True,
+        validators=[MinValueValidator(1)],
+        verbose_name="most running runs",
+        help_text="Most runs of this tenant running at once (empty: CLEAT_TENANT_MAX_RUNNING).",
+    )
+    # When a claim last handed out one of its runs: claims serve the tenant waiting longest
+    # first, so no tenant's backlog starves another (see store/lifecycle.py).
+    last_claimed_at = models.DateTimeField(null=True, blank=True, editable=False)
     created_at = models.DateTimeField(default=timezone.now)
 
     class Meta:
@@ -87,6 +100,13 @@ class Tenant(models.Model):
 
     def __str__(self) -> str:
         return self.name
+
+
+# A run's priority orders the runs of its own tenant (claims take turns between tenants).
+# Bounded, so a start cannot claim an urgency no other run can match; API keys are held to
+# their role's share of it (CLEAT_PRIORITY_MAX_BY_ROLE).
+PRIORITY_MIN = -100
+PRIORITY_MAX = 100
 
 
 class TenantScoped(models.Model):
@@ -236,7 +256,9 @@ class WorkflowInstance(TenantScoped):
     heartbeat_at = models.DateTimeField(null=True, blank=True)
     # Due when next_wake_at <= now; NULL while waiting for something to wake it.
     next_wake_at = models.DateTimeField(null=True, blank=True, default=timezone.now)
-    priority = models.IntegerField(default=0)
+    priority = models.IntegerField(
+        default=0, validators=[MinValueValidator(PRIORITY_MIN), MaxValueValidator(PRIORITY_MAX)]
+    )
     task_queue = models.CharField(max_length=64, default="default")
     sticky_worker = models.CharField(max_length=128, null=True, blank=True)
     parent = models.ForeignKey(
@@ -259,6 +281,9 @@ class WorkflowInstance(TenantScoped):
     attempt = models.PositiveIntegerField(default=1, help_text="Segment attempt after failures.")
     waiting_on = models.JSONField(null=True, blank=True)
     paused_from = models.CharField(max_length=16, null=True, blank=True)
+    # Paused because its tenant was deactivated (reactivation resumes these, and only these:
+    # a run an operator paused stays paused).
+    paused_by_deactivation = models.BooleanField(default=False)
     created_at = models.DateTimeField(default=timezone.now)
     updated_at = models.DateTimeField(auto_now=True)
     started_at = models.DateTimeField(null=True, blank=True)
@@ -277,6 +302,11 @@ class WorkflowInstance(TenantScoped):
             models.Index(fields=["status", "task_queue", "next_wake_at"], name="instance_due"),
             models.Index(fields=["tenant", "status", "created_at"], name="instance_listing"),
             models.Index(fields=["assigned_to", "status"], name="instance_owner"),
+            # A claim's per-tenant turn: that tenant's due runs, most urgent first.
+            models.Index(
+                fields=["tenant", "status", "task_queue", "-priority", "next_wake_at"],
+                name="instance_tenant_due",
+            ),
         ]
         ordering = ["-created_at"]
 

@@ -13,6 +13,7 @@ import time
 import uuid
 from typing import Any
 
+from django.conf import settings
 from django.core.exceptions import ValidationError
 from django.db import IntegrityError, transaction
 from django.db.models import F
@@ -22,6 +23,8 @@ from engine import lifecycle
 from engine.errors import ErrorCode
 from engine.events import AdminActionEvent, encode
 from workflows.models import (
+    PRIORITY_MAX,
+    PRIORITY_MIN,
     TERMINAL_STATUSES,
     AuditLog,
     Promise,
@@ -156,9 +159,12 @@ def start_workflow(
     task_queue: str = "default",
     workflow_id: str | None = None,
     entry_point: str = "run",
+    max_priority: int = PRIORITY_MAX,
 ) -> tuple[WorkflowInstance, bool]:
-    """Start a run. A repeated ``idempotency_key`` returns the existing run (created=False)."""
+    """Start a run. A repeated ``idempotency_key`` returns the existing run (created=False).
+    ``max_priority`` is the caller's ceiling (an API key's role: :func:`priority_ceiling`)."""
     text = json_text(input, "input")
+    check_priority(priority, max_priority)
     if idempotency_key is not None and not (0 < len(idempotency_key) <= 255):
         raise InvalidInput("idempotency_key must be 1-255 characters", "idempotency_key")
     if not task_queue or len(task_queue) > 64:
@@ -207,6 +213,29 @@ def start_workflow(
             return existing, False
         wake.notify_after_commit()
     return instance, True
+
+
+def priority_ceiling(role: str) -> int:
+    """The highest priority a caller of ``role`` may give a run (CLEAT_PRIORITY_MAX_BY_ROLE;
+    a role it does not name gets the default priority, 0, at most)."""
+    ceilings = getattr(settings, "CLEAT_PRIORITY_MAX_BY_ROLE", None) or {}
+    return min(PRIORITY_MAX, int(ceilings.get(str(role), 0)))
+
+
+def check_priority(priority: Any, max_priority: int = PRIORITY_MAX) -> None:
+    """Priorities order a tenant's own runs within -100..100, up to the caller's ceiling."""
+    if isinstance(priority, bool) or not isinstance(priority, int):
+        raise InvalidInput("priority must be an integer", "priority")
+    if not PRIORITY_MIN <= priority <= PRIORITY_MAX:
+        raise InvalidInput(
+            f"priority must be between {PRIORITY_MIN} and {PRIORITY_MAX}, not {priority}",
+            "priority",
+        )
+    if priority > max_priority:
+        raise InvalidInput(
+            f"priority {priority} is above the {max_priority} these credentials may give",
+            "priority",
+        )
 
 
 def signal_workflow(
@@ -319,7 +348,10 @@ def pause_workflow(
                 f"only a ready run can be paused; {run_id} is {instance.status}", "run_id"
             )
         instance.paused_from, instance.status = instance.status, RunStatus.PAUSED
-        instance.save(update_fields=["status", "paused_from", "updated_at"])
+        instance.paused_by_deactivation = False  # the operator's: reactivation leaves it
+        instance.save(
+            update_fields=["status", "paused_from", "paused_by_deactivation", "updated_at"]
+        )
         # Ready, so no worker holds it: the history can take an annotation (replay skips it).
         _audit(tenant, instance, "pause", operator, reason)
     return instance
@@ -333,8 +365,17 @@ def resume_workflow(
         if instance.status != RunStatus.PAUSED:
             raise Conflict(f"run {run_id} is not paused (it is {instance.status})", "run_id")
         instance.status, instance.paused_from = RunStatus.READY, None
+        instance.paused_by_deactivation = False
         instance.next_wake_at = timezone.now()
-        instance.save(update_fields=["status", "paused_from", "next_wake_at", "updated_at"])
+        instance.save(
+            update_fields=[
+                "status",
+                "paused_from",
+                "paused_by_deactivation",
+                "next_wake_at",
+                "updated_at",
+            ]
+        )
         _audit(tenant, instance, "resume", operator, reason)
         wake.notify_after_commit()
     return instance
@@ -444,6 +485,74 @@ def re_replay(
         _audit(tenant, instance, "re_replay", operator, reason)
         _reopen(instance)
     return instance
+
+
+# --- tenants ------------------------------------------------------------------------------------
+
+# Runs a deactivation pauses: everything not ended, whatever it waits for.
+_PAUSABLE = (RunStatus.READY, RunStatus.RUNNING)
+
+
+def deactivate_tenant(tenant: Tenant, operator: str, reason: str = "") -> int:
+    """Deactivate a tenant: its API keys and console stop working (they check the flag), its
+    schedules stop firing and its invocations stop being delivered (their due reads skip
+    inactive tenants), and every ready or running run is paused -- a running one is fenced
+    out of its worker (generation bump), so its segment writes nothing more and calls no
+    further service. Claims never hand out a run of an inactive tenant either, so a run
+    started in the meantime (a child) waits too. Returns how many runs were paused."""
+    tenant = Tenant.objects.get(id=tenant.id)  # the current flag, not the caller's copy
+    if not tenant.is_active:
+        raise Conflict(f"tenant {tenant.name!r} is already deactivated", "tenant")
+    now = timezone.now()
+    with tenant_context(tenant.id):
+        Tenant.objects.filter(id=tenant.id).update(is_active=False)
+        runs = WorkflowInstance.objects.filter(tenant_id=tenant.id, status__in=_PAUSABLE)
+        paused = runs.update(
+            paused_from=RunStatus.READY,
+            status=RunStatus.PAUSED,
+            paused_by_deactivation=True,
+            assigned_to=None,
+            generation=F("generation") + 1,
+            updated_at=now,
+        )
+        AuditLog.objects.create(
+            tenant=tenant,
+            action="deactivate_tenant",
+            operator=operator,
+            reason=reason,
+            detail={"paused_runs": paused},
+        )
+    return paused
+
+
+def reactivate_tenant(tenant: Tenant, operator: str, reason: str = "") -> int:
+    """Reactivate a tenant: the runs its deactivation paused are ready and due again (a run
+    an operator paused stays paused); schedules fire again from their next instant (under
+    their misfire policy). Returns how many runs were resumed."""
+    tenant = Tenant.objects.get(id=tenant.id)
+    if tenant.is_active:
+        raise Conflict(f"tenant {tenant.name!r} is active", "tenant")
+    now = timezone.now()
+    with tenant_context(tenant.id):
+        Tenant.objects.filter(id=tenant.id).update(is_active=True)
+        resumed = WorkflowInstance.objects.filter(
+            tenant_id=tenant.id, status=RunStatus.PAUSED, paused_by_deactivation=True
+        ).update(
+            status=RunStatus.READY,
+            paused_from=None,
+            paused_by_deactivation=False,
+            next_wake_at=now,
+            updated_at=now,
+        )
+        AuditLog.objects.create(
+            tenant=tenant,
+            action="reactivate_tenant",
+            operator=operator,
+            reason=reason,
+            detail={"resumed_runs": resumed},
+        )
+        wake.notify_after_commit()
+    return resumed
 
 
 def settle_promise(

@@ -334,8 +334,11 @@ class Worker:
             timeout = min(timeout, 0.05)
         else:
             due = next_due_at(opts.task_queues, opts.tenant)
-            if due is not None:
-                timeout = max(0.0, min(timeout, (due - now).total_seconds()))
+            # A run already due that this claim left is not claimable now (its tenant is at
+            # its running cap or inactive, or another worker holds it): waking for it would
+            # spin. A finishing segment (which frees room under a cap) or a NOTIFY wakes us.
+            if due is not None and due > now:
+                timeout = min(timeout, (due - now).total_seconds())
         if timeout > 0:
             self._wake.wait(timeout)
 

@@ -295,6 +295,7 @@ class ScheduleViewSet(TenantViewSet):
         summary="Deliver the instants of a past time range",
         description=(
             "Every instant of the expression in `[start, end]` (past only, at most "
+            "`CLEAT_MAX_BACKFILL_RUNS`, default "
             f"{schedule_services.MAX_BACKFILL_INSTANTS}), oldest first, each under the overlap "
             "policy (the schedule's, or the one given). An instant that already fired returns "
             "its existing run."

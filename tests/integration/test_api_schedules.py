@@ -283,7 +283,7 @@ def test_backfill_delivers_each_past_instant_once(api: Api, tenant: Tenant) -> N
         ({"start": "yesterday", "end": "2026-01-01T00:00:00Z"}, "start", "format"),
         ({"start": "0001-01-01T00:00:00Z", "end": "2026-01-01T00:00:00Z"}, "start", "1970"),
         ({"end": "2026-01-01T00:00:00Z"}, "start", "required"),
-        ({"start": "2020-01-01T00:00:00Z", "end": "2026-01-01T00:00:00Z"}, "end", "1000"),
+        ({"start": "2020-01-01T00:00:00Z", "end": "2026-01-01T00:00:00Z"}, "end", "more than 100 "),
     ],
 )
 def test_backfill_refuses_a_bad_range_naming_the_field(

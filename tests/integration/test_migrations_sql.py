@@ -54,7 +54,10 @@ def replayed(statements: list[str]) -> tuple[dict[str, str], dict[str, str]]:
 
 def test_the_functions_a_fresh_migrate_installs_match_the_live_definitions() -> None:
     installed, after = replayed(live_definitions())
-    assert "cleat.claim_instances(text,text[],integer,timestamp with time zone,uuid)" in installed
+    assert (
+        "cleat.claim_instances(text,text[],integer,timestamp with time zone,uuid,integer)"
+        in installed
+    )
     assert "cleat.due_schedules(timestamp with time zone,integer,uuid)" in installed
     changed = sorted(name for name in after if installed.get(name) != after[name])
     assert not changed, (
@@ -67,8 +70,12 @@ def test_a_live_definition_that_moved_on_is_caught() -> None:
     """The check itself: a body changed in the live SQL (one more condition in the claim)
     shows up as a difference."""
     moved_on = workflows_sql.definer_functions_sql(app_role()).replace(
-        "WHERE c.status = 'ready'", "WHERE c.status = 'ready' AND c.priority > -1000000"
+        "WHERE d.tenant_id = r.tenant_id AND d.status = 'ready'",
+        "WHERE d.tenant_id = r.tenant_id AND d.status = 'ready' AND d.priority > -1000000",
     )
+    assert moved_on != workflows_sql.definer_functions_sql(app_role())
     installed, after = replayed([moved_on])
     changed = [name for name in after if installed.get(name) != after[name]]
-    assert changed == ["cleat.claim_instances(text,text[],integer,timestamp with time zone,uuid)"]
+    assert changed == [
+        "cleat.claim_instances(text,text[],integer,timestamp with time zone,uuid,integer)"
+    ]

@@ -439,3 +439,47 @@ def test_the_worker_moves_what_is_alive_at_its_start_out_of_the_collectors_way(
     assert run_burst() == 1
     assert gc.get_freeze_count() > 0
     assert result(tenant, run) == [[0, '{"echo":{"n":1}}']]
+
+
+def test_a_deadlocked_finalize_is_run_again_without_remaking_the_segment(
+    tenant: Tenant, echo: FakeService, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A deadlock victim's transaction was rolled back whole: the finalize runs again at
+    once, so the run completes in its first segment, its call made once, no attempt spent."""
+    from django.db import OperationalError
+
+    from workflows import executor
+
+    real = executor.finalize_segment
+    deadlocks = []
+
+    def deadlocking(*args: Any, **kw: Any) -> Any:
+        if not deadlocks:
+            deadlocks.append(args)
+            raise OperationalError(1213, "Deadlock found when trying to get lock")
+        return real(*args, **kw)
+
+    monkeypatch.setattr(executor, "finalize_segment", deadlocking)
+    definitions.deploy_definition(tenant, "good", call_once())
+    run = start(tenant, "good", {"n": 1})
+    assert run_burst() == 1
+    assert len(deadlocks) == 1
+    assert result(tenant, run) == [[0, json.dumps({"echo": {"n": 1}}, separators=(",", ":"))]]
+    assert row(tenant, run).attempt == 1
+    assert echo.ops() == ["echo"]
+
+
+def test_only_deadlocks_count_as_deadlocks() -> None:
+    from django.db import OperationalError
+
+    from workflows.executor import is_deadlock
+
+    class Cause(Exception):
+        sqlstate = "40P01"
+
+    pg = OperationalError("deadlock detected")
+    pg.__cause__ = Cause()
+    assert is_deadlock(OperationalError(1213, "Deadlock found"))
+    assert is_deadlock(pg)
+    assert not is_deadlock(OperationalError(2006, "MySQL server has gone away"))
+    assert not is_deadlock(OperationalError("the connection is closed"))

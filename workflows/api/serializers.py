@@ -21,6 +21,8 @@ from engine.errors import ErrorCode
 from engine.events import CodecError, EncodedEvent, decode
 from workflows.models import (
     NAME_PATTERN,
+    PRIORITY_MAX,
+    PRIORITY_MIN,
     Promise,
     RoutingRule,
     RunStatus,
@@ -339,7 +341,14 @@ class StartRunSerializer(serializers.Serializer):
         help_text="Starting again with the same key returns the existing run (200).",
     )
     priority = serializers.IntegerField(
-        required=False, default=0, min_value=INT32_MIN, max_value=INT32_MAX
+        required=False,
+        default=0,
+        min_value=PRIORITY_MIN,
+        max_value=PRIORITY_MAX,
+        help_text=(
+            "Orders this tenant's own runs (claims take turns between tenants); at most the "
+            "key's role allows (CLEAT_PRIORITY_MAX_BY_ROLE)."
+        ),
     )
     task_queue = serializers.CharField(required=False, default="default", max_length=64)
     workflow_id = serializers.CharField(required=False, max_length=128)

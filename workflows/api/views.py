@@ -594,6 +594,7 @@ class WorkflowViewSet(TenantViewSet):
                 task_queue=body["task_queue"],
                 workflow_id=body.get("workflow_id"),
                 entry_point=body["entry_point"],
+                max_priority=services.priority_ceiling(self.identity.role),
             )
         except services.NotFound as exc:
             # The request names something that does not exist: bad input, not a missing URL.

@@ -39,7 +39,7 @@ def claim_due(now: datetime, limit: int) -> list[tuple[str, uuid.UUID]]:
             Invocation.objects.select_for_update(
                 skip_locked=connection.features.has_select_for_update_skip_locked
             )
-            .filter(status=Invocation.State.PENDING, deliver_at__lte=now)
+            .filter(status=Invocation.State.PENDING, deliver_at__lte=now, tenant__is_active=True)
             .order_by("deliver_at")
             .values_list("id", "tenant_id")[:limit]
         )

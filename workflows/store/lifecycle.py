@@ -29,7 +29,7 @@ from typing import Any
 
 from django.conf import settings
 from django.db import connection, transaction
-from django.db.models import F, Q
+from django.db.models import Count, F, Q
 from django.db.models.functions import Coalesce
 from django.utils import timezone
 
@@ -45,6 +45,7 @@ from workflows.models import (
     Promise,
     RunStatus,
     Signal,
+    Tenant,
     UpdateRequest,
     WorkflowDefinition,
     WorkflowEvent,
@@ -105,7 +106,10 @@ def claim_ready_instances(
     now: datetime,
     tenant: uuid.UUID | None = None,
 ) -> list[Claim]:
-    """Claim up to ``limit`` due ready runs, by priority then age; bumps their generation."""
+    """Claim up to ``limit`` due ready runs of active tenants, taking turns between tenants
+    (each one's most urgent run -- priority, then due time -- before anyone's second, the
+    tenant served longest ago first) and within each tenant's running cap; bumps their
+    generation."""
     if limit <= 0:
         return []
     sql = queries(connection)
@@ -113,7 +117,7 @@ def claim_ready_instances(
         with connection.cursor() as cursor:
             cursor.execute(
                 sql["claim_ready"],
-                [worker_id, list(task_queues), limit, now, tenant],
+                [worker_id, list(task_queues), limit, now, tenant, default_max_running()],
             )
             return [
                 Claim(uuid.UUID(str(i)), uuid.UUID(str(t)), int(g)) for i, t, g in cursor.fetchall()
@@ -123,22 +127,13 @@ def claim_ready_instances(
         with transaction.atomic(), connection.cursor() as cursor:
             cursor.execute(
                 sql["claim_ready_listed"].format(queues=queues),
-                [limit, now, *task_queues, worker_id, now, now],
+                [now, *task_queues, limit, worker_id, now, now],
             )
             return [
                 Claim(uuid.UUID(str(i)), uuid.UUID(str(t)), int(g)) for i, t, g in cursor.fetchall()
             ]
     with transaction.atomic():
-        due = WorkflowInstance.objects.filter(
-            status=RunStatus.READY, next_wake_at__lte=now, task_queue__in=list(task_queues)
-        )
-        if tenant is not None:
-            due = due.filter(tenant_id=tenant)
-        ids = list(
-            due.select_for_update(skip_locked=connection.features.has_select_for_update_skip_locked)
-            .order_by("-priority", "next_wake_at", "created_at")
-            .values_list("id", flat=True)[:limit]
-        )
+        ids = _fair_turns(task_queues, limit, now, tenant)
         if not ids:
             return []
         WorkflowInstance.objects.filter(id__in=ids).update(
@@ -148,10 +143,84 @@ def claim_ready_instances(
             generation=F("generation") + 1,
             started_at=Coalesce("started_at", now),
         )
-        rows = WorkflowInstance.objects.filter(id__in=ids).values_list(
-            "id", "tenant_id", "generation"
+        rows = list(
+            WorkflowInstance.objects.filter(id__in=ids).values_list("id", "tenant_id", "generation")
         )
-        return [Claim(i, t, g) for i, t, g in rows]
+    _record_turns({t for _, t, _ in rows}, now)
+    return [Claim(i, t, g) for i, t, g in rows]
+
+
+def _record_turns(tenants: set[uuid.UUID], now: datetime) -> None:
+    """Note when the claim served these tenants -- after the claim committed, in a transaction
+    of its own that skips a tenant row someone holds. On MariaDB every insert into a tenant's
+    tables share-locks its tenant row (the foreign key check): a claim that updated the row
+    inside its own transaction waited for those and deadlocked with finalizes."""
+    if not tenants:
+        return
+    with transaction.atomic():
+        free = list(
+            Tenant.objects.select_for_update(
+                skip_locked=connection.features.has_select_for_update_skip_locked
+            )
+            .filter(id__in=tenants)
+            .values_list("id", flat=True)
+        )
+        if free:
+            Tenant.objects.filter(id__in=free).update(last_claimed_at=now)
+
+
+def default_max_running() -> int:
+    """The running cap of a tenant that sets none (``CLEAT_TENANT_MAX_RUNNING``; 0: none)."""
+    return int(getattr(settings, "CLEAT_TENANT_MAX_RUNNING", 0) or 0)
+
+
+def _fair_turns(
+    task_queues: Sequence[str], limit: int, now: datetime, tenant: uuid.UUID | None
+) -> list[uuid.UUID]:
+    """The claim's choice on MariaDB and SQLite, as ``cleat.claim_instances`` makes it on
+    PostgreSQL (migration 0005): per active tenant with due runs, its most urgent ones up to
+    its room under the running cap (locked, SKIP LOCKED where the database has it); then
+    every tenant's first before anyone's second, the tenant served longest ago first."""
+    due = WorkflowInstance.objects.filter(
+        status=RunStatus.READY, next_wake_at__lte=now, task_queue__in=list(task_queues)
+    )
+    if tenant is not None:
+        due = due.filter(tenant_id=tenant)
+    waiting = set(due.values_list("tenant_id", flat=True).distinct())
+    if not waiting:
+        return []
+    tenants = list(
+        Tenant.objects.filter(id__in=waiting, is_active=True).values_list(
+            "id", "max_running", "last_claimed_at"
+        )
+    )
+    running = dict(
+        WorkflowInstance.objects.filter(
+            status=RunStatus.RUNNING, tenant_id__in=[t for t, *_ in tenants]
+        )
+        .values("tenant_id")
+        .annotate(n=Count("id"))
+        .values_list("tenant_id", "n")
+    )
+    default_cap = default_max_running()
+    skip_locked = connection.features.has_select_for_update_skip_locked
+    turns: list[tuple[int, float, int, datetime, uuid.UUID]] = []
+    for tenant_id, max_running, last_claimed_at in tenants:
+        cap = max_running or default_cap
+        room = min(limit, cap - running.get(tenant_id, 0)) if cap > 0 else limit
+        if room <= 0:
+            continue
+        served = last_claimed_at.timestamp() if last_claimed_at else float("-inf")
+        candidates = (
+            due.filter(tenant_id=tenant_id)
+            .select_for_update(skip_locked=skip_locked)
+            .order_by("-priority", "next_wake_at", "created_at")
+            .values_list("id", "priority", "next_wake_at")[:room]
+        )
+        for turn, (run_id, priority, wake_at) in enumerate(candidates):
+            turns.append((turn, served, -priority, wake_at, run_id))
+    turns.sort()
+    return [run_id for *_, run_id in turns[:limit]]
 
 
 def load_run(claim: Claim, worker_id: str) -> LoadedRun | None:

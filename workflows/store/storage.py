@@ -47,6 +47,8 @@ from engine.storage import (
 )
 from engine.versions import NoSuchVersion, choose_version
 from workflows.models import (
+    PRIORITY_MAX,
+    PRIORITY_MIN,
     TERMINAL_STATUSES,
     ConcurrencyKey,
     Invocation,
@@ -418,7 +420,8 @@ class DjangoStorage:
             definition_name=definition.name,
             definition_version=definition.version,
             input=input,
-            priority=priority,
+            # A guest may ask for any i64: held to the range every start is held to.
+            priority=min(max(priority, PRIORITY_MIN), PRIORITY_MAX),
             task_queue=(parent_row or {}).get("task_queue", "default"),
             parent_id=ref.run_id if parent else None,
             parent_close_policy=policy,

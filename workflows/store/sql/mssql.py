@@ -13,11 +13,20 @@ from __future__ import annotations
 SET_SESSION_TENANT = "EXEC sp_set_session_context @key = N'cleat.tenant_id', @value = %s"
 
 # The claim, with the task queues spelled out: format ``queues`` with one placeholder each.
+# Turns between tenants as on PostgreSQL (each active tenant's first run before anyone's
+# second, the tenant served longest ago first); the running cap is not applied here.
 MSSQL_CLAIM_SQL = """
-WITH due AS (
-    SELECT TOP (%s) id FROM workflows_workflowinstance WITH (READPAST, UPDLOCK, ROWLOCK)
-     WHERE status = 'ready' AND next_wake_at <= %s AND task_queue IN ({queues})
-     ORDER BY priority DESC, next_wake_at, created_at)
+WITH ranked AS (
+    SELECT c.id, c.priority, c.next_wake_at, t.last_claimed_at,
+           ROW_NUMBER() OVER (PARTITION BY c.tenant_id
+                              ORDER BY c.priority DESC, c.next_wake_at, c.created_at) AS turn
+      FROM workflows_workflowinstance AS c WITH (READPAST, UPDLOCK, ROWLOCK)
+      JOIN workflows_tenant AS t ON t.id = c.tenant_id AND t.is_active = 1
+     WHERE c.status = 'ready' AND c.next_wake_at <= %s AND c.task_queue IN ({queues})),
+due AS (
+    SELECT TOP (%s) id FROM ranked
+     ORDER BY turn, CASE WHEN last_claimed_at IS NULL THEN 0 ELSE 1 END, last_claimed_at,
+              priority DESC, next_wake_at)
 UPDATE i SET status = 'running', assigned_to = %s, heartbeat_at = %s,
              generation = i.generation + 1, started_at = COALESCE(i.started_at, %s)
 OUTPUT inserted.id, inserted.tenant_id, inserted.generation

@@ -139,7 +139,7 @@ _FINALIZE_DONE_SQL = _finalize_done_sql()
 
 # --- the dispatch loop (through the definer functions below) ---------------------------------
 
-CLAIM_READY = "SELECT id, tenant_id, generation FROM cleat.claim_instances(%s, %s, %s, %s, %s)"
+CLAIM_READY = "SELECT id, tenant_id, generation FROM cleat.claim_instances(%s, %s, %s, %s, %s, %s)"
 HEARTBEAT_WORKER = "SELECT cleat.heartbeat_worker(%s, %s)"
 REAP_EXPIRED_LEASES = "SELECT cleat.reap_expired_leases(%s, %s)"
 NEXT_DUE_AT = "SELECT cleat.next_due_at(%s, %s)"
@@ -240,6 +240,7 @@ GRANT USAGE, SELECT ON ALL SEQUENCES IN SCHEMA public TO {role};
 ALTER DEFAULT PRIVILEGES IN SCHEMA public GRANT SELECT, INSERT, UPDATE, DELETE ON TABLES TO {role};
 ALTER DEFAULT PRIVILEGES IN SCHEMA public GRANT USAGE, SELECT ON SEQUENCES TO {role};
 GRANT SELECT, UPDATE ON workflows_workflowinstance TO {DISPATCHER_ROLE};
+GRANT SELECT, UPDATE ON workflows_tenant TO {DISPATCHER_ROLE};
 """
 
 
@@ -247,22 +248,65 @@ def definer_functions_sql(role: str) -> str:
     """The cross-tenant statements of the dispatch loop, as definer functions."""
     return f"""
 CREATE OR REPLACE FUNCTION cleat.claim_instances(
-    p_worker text, p_queues text[], p_limit integer, p_now timestamptz, p_tenant uuid DEFAULT NULL)
+    p_worker text, p_queues text[], p_limit integer, p_now timestamptz, p_tenant uuid,
+    p_default_cap integer)
 RETURNS TABLE(id uuid, tenant_id uuid, generation bigint)
 LANGUAGE sql SECURITY DEFINER SET search_path = public, pg_temp AS $$
-    UPDATE workflows_workflowinstance AS i
-       SET status = 'running', assigned_to = p_worker, heartbeat_at = p_now,
-           generation = i.generation + 1, started_at = COALESCE(i.started_at, p_now),
-           updated_at = p_now
-     WHERE i.id IN (
-           SELECT c.id FROM workflows_workflowinstance AS c
-            WHERE c.status = 'ready' AND c.next_wake_at <= p_now
-              AND c.task_queue = ANY(p_queues)
-              AND (p_tenant IS NULL OR c.tenant_id = p_tenant)
-            ORDER BY c.priority DESC, c.next_wake_at, c.created_at
-            LIMIT p_limit
-              FOR UPDATE SKIP LOCKED)
-    RETURNING i.id, i.tenant_id, i.generation
+    WITH room AS (
+        SELECT t.id AS tenant_id, t.last_claimed_at,
+               CASE WHEN COALESCE(t.max_running, p_default_cap) > 0
+                    THEN LEAST(p_limit, COALESCE(t.max_running, p_default_cap) - (
+                         SELECT count(*) FROM workflows_workflowinstance AS r
+                          WHERE r.tenant_id = t.id AND r.status = 'running'))
+                    ELSE p_limit END AS room
+          FROM workflows_tenant AS t
+         WHERE t.is_active AND (p_tenant IS NULL OR t.id = p_tenant)
+           -- only tenants with something due pay for counting their running runs
+           AND EXISTS (SELECT 1 FROM workflows_workflowinstance AS w
+                        WHERE w.tenant_id = t.id AND w.status = 'ready'
+                          AND w.next_wake_at <= p_now AND w.task_queue = ANY(p_queues))
+    ),
+    candidates AS (
+        SELECT c.id, c.tenant_id, r.last_claimed_at, c.priority, c.next_wake_at, c.created_at
+          FROM room AS r
+          CROSS JOIN LATERAL (
+                SELECT d.id, d.tenant_id, d.priority, d.next_wake_at, d.created_at
+                  FROM workflows_workflowinstance AS d
+                 WHERE d.tenant_id = r.tenant_id AND d.status = 'ready'
+                   AND d.next_wake_at <= p_now AND d.task_queue = ANY(p_queues)
+                 ORDER BY d.priority DESC, d.next_wake_at, d.created_at
+                 LIMIT GREATEST(r.room, 0)
+                   FOR UPDATE SKIP LOCKED) AS c
+         WHERE r.room > 0
+    ),
+    chosen AS (
+        SELECT k.id FROM (
+               SELECT candidates.*, row_number() OVER (
+                      PARTITION BY candidates.tenant_id
+                      ORDER BY candidates.priority DESC, candidates.next_wake_at,
+                               candidates.created_at) AS turn
+                 FROM candidates) AS k
+         ORDER BY k.turn, k.last_claimed_at NULLS FIRST, k.priority DESC, k.next_wake_at
+         LIMIT p_limit
+    ),
+    claimed AS (
+        UPDATE workflows_workflowinstance AS i
+           SET status = 'running', assigned_to = p_worker, heartbeat_at = p_now,
+               generation = i.generation + 1, started_at = COALESCE(i.started_at, p_now),
+               updated_at = p_now
+         WHERE i.id IN (SELECT chosen.id FROM chosen)
+        RETURNING i.id, i.tenant_id, i.generation
+    ),
+    served AS (
+        -- SKIP LOCKED: a claim never waits for (nor deadlocks with) another claim's turn
+        -- record; a tenant whose row is busy keeps its older turn this once.
+        UPDATE workflows_tenant AS t SET last_claimed_at = p_now
+         WHERE t.id IN (SELECT s.id FROM workflows_tenant AS s
+                         WHERE s.id IN (SELECT claimed.tenant_id FROM claimed)
+                           FOR NO KEY UPDATE SKIP LOCKED)
+        RETURNING 1
+    )
+    SELECT claimed.id, claimed.tenant_id, claimed.generation FROM claimed
 $$;
 
 CREATE OR REPLACE FUNCTION cleat.reap_expired_leases(p_cutoff timestamptz, p_now timestamptz)
@@ -300,7 +344,7 @@ $$;
 
 
 DEFINER_FUNCTIONS = (
-    "cleat.claim_instances(text, text[], integer, timestamptz, uuid)",
+    "cleat.claim_instances(text, text[], integer, timestamptz, uuid, integer)",
     "cleat.reap_expired_leases(timestamptz, timestamptz)",
     "cleat.heartbeat_worker(text, timestamptz)",
     "cleat.next_due_at(text[], uuid)",
@@ -319,6 +363,8 @@ def _function_privileges(role: str) -> str:
     return "\n".join(lines)
 
 
+# A deactivated tenant's invocations wait with its runs (migration 0006_tenant_fairness installs
+# this text; 0003 installed it without the tenant join).
 CLAIM_INVOCATIONS_FUNCTION = """
 CREATE OR REPLACE FUNCTION cleat.claim_invocations(
     p_now timestamptz, p_limit integer, p_until timestamptz)
@@ -327,8 +373,9 @@ LANGUAGE sql SECURITY DEFINER SET search_path = public, pg_temp AS $$
     UPDATE workflows_invocation AS v SET deliver_at = p_until
      WHERE v.id IN (
            SELECT c.id FROM workflows_invocation AS c
+             JOIN workflows_tenant AS t ON t.id = c.tenant_id AND t.is_active
             WHERE c.status = 'pending' AND c.deliver_at <= p_now
-            ORDER BY c.deliver_at LIMIT p_limit FOR UPDATE SKIP LOCKED)
+            ORDER BY c.deliver_at LIMIT p_limit FOR UPDATE OF c SKIP LOCKED)
     RETURNING v.id, v.tenant_id
 $$;
 """
