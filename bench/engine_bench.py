@@ -32,13 +32,17 @@ from typing import Any, TypeVar
 
 import wasmtime
 
-from engine import runtime as runtime_module
+from engine import core_backend
+from engine.backend import LoadedModule
 from engine.config import EngineConfig
+from engine.core_backend import CoreInstance
 from engine.events import EncodedEvent
 from engine.inmemory import InMemoryStorage
-from engine.runtime import WASMTIME_VERSION, CoreInstance, LoadedModule, ModuleCache, WasmRuntime
+from engine.module_cache import WASMTIME_VERSION, ModuleCache
+from engine.outcomes import Completed
+from engine.runtime import WasmRuntime
 from engine.services import CallContext, CallResult, Services
-from engine.session import Completed, Reply, RunInfo
+from engine.session import Reply, RunInfo
 
 T = TypeVar("T")
 
@@ -229,15 +233,15 @@ class Bench:
         """Mean µs per durable_call against :class:`StubSession` (N calls minus 0 calls)."""
 
         def segment(n: int) -> Timing:
-            store = self.runtime._new_store()
+            store = self.runtime.new_store()
             raw = self.module.pre.instantiate(store)
             instance = CoreInstance(store, raw, self.runtime.config, time.monotonic(), lambda: 0.0)
-            previous = getattr(runtime_module._current, "frame", None)
-            runtime_module._current.frame = (StubSession(), instance)
+            previous = getattr(core_backend._current, "frame", None)
+            core_backend._current.frame = (StubSession(), instance)
             try:
                 timing, reply = timed(lambda: instance.call_export("run", str(n)))
             finally:
-                runtime_module._current.frame = previous
+                core_backend._current.frame = previous
             assert reply == Reply(0, "true"), reply
             return timing
 
@@ -282,7 +286,7 @@ class Bench:
 
         def once() -> CoreInstance:
             loaded = runtime.load(self.wasm, sha)
-            store = runtime._new_store()
+            store = runtime.new_store()
             raw = loaded.pre.instantiate(store)
             return CoreInstance(store, raw, runtime.config, 0.0, lambda: 0.0)
 
@@ -299,7 +303,7 @@ class Bench:
         for _ in range(iterations):
             raw.append(timed(lambda: wasmtime.Module(self.runtime.engine, self.wasm))[0].wall)
             with tempfile.TemporaryDirectory() as tmp:
-                fresh = ModuleCache(self.runtime, 4, Path(tmp))
+                fresh = ModuleCache(self.runtime.backend, self.runtime.config, 4, Path(tmp))
                 full.append(timed(lambda: fresh.get(self.wasm))[0].wall)  # noqa: B023
                 assert fresh.misses == 1
         return [x * 1000 for x in raw], [x * 1000 for x in full]
@@ -311,7 +315,7 @@ class Bench:
         full: list[float] = []
         engine = self.runtime.engine
         with tempfile.TemporaryDirectory() as tmp:
-            cache = ModuleCache(self.runtime, 4, Path(tmp))
+            cache = ModuleCache(self.runtime.backend, self.runtime.config, 4, Path(tmp))
             cache.get(self.wasm)
             (artifact,) = Path(tmp).glob("*.cwasm")
             for _ in range(iterations):

@@ -46,7 +46,8 @@ from bench.engine_bench import (
 from engine import component as component_module
 from engine.component import ComponentBackend, ComponentInstance, LoadedComponent
 from engine.config import EngineConfig
-from engine.runtime import WASMTIME_VERSION, WasmRuntime
+from engine.module_cache import WASMTIME_VERSION
+from engine.runtime import WasmRuntime
 from engine.session import Reply
 
 ROOT = Path(__file__).resolve().parent.parent

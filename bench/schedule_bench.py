@@ -168,8 +168,9 @@ def run_scenario(scenario: Scenario, seconds: float, concurrency: int) -> Result
     from django.utils import timezone
 
     from schedules.models import Schedule
+    from workflows.definitions import deploy_definition
     from workflows.models import DEFAULT_TENANT_ID, WorkflowInstance
-    from workflows.services import deploy_definition, get_tenant
+    from workflows.services import get_tenant
     from workflows.tenancy import tenant_context
     from workflows.worker import Worker, WorkerOptions
 

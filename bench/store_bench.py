@@ -180,8 +180,9 @@ class Cleat:
         django.setup()
         import wasmtime
 
+        from workflows.definitions import deploy_definition
         from workflows.models import DEFAULT_TENANT_ID
-        from workflows.services import deploy_definition, get_tenant
+        from workflows.services import get_tenant
 
         self.tenant = get_tenant(str(DEFAULT_TENANT_ID))
         deploy_definition(self.tenant, "bench_steps", wasmtime.wat2wasm(STEPS_WAT))
@@ -219,13 +220,13 @@ class Cleat:
     def summary(self) -> dict[str, Any]:
         from django.db.models import Count, Max, Min, Q, Sum
 
-        from workflows.models import Status, WorkflowEvent, WorkflowInstance
+        from workflows.models import RunStatus, WorkflowEvent, WorkflowInstance
         from workflows.tenancy import tenant_context
 
         with tenant_context(self.tenant.id):
             agg = WorkflowInstance.objects.aggregate(
                 runs=Count("id"),
-                done=Count("id", filter=Q(status=Status.DONE)),
+                done=Count("id", filter=Q(status=RunStatus.DONE)),
                 events=Sum("event_count"),
                 first_claim=Min("started_at"),
                 last_done=Max("completed_at"),
@@ -315,7 +316,7 @@ class Latency:
 
 def await_done(cleat: Cleat, run_id: Any, what: str) -> tuple[Any, Any]:
     """Poll a run's row every 2 ms until it is done: its (created_at, completed_at)."""
-    from workflows.models import Status, WorkflowInstance
+    from workflows.models import RunStatus, WorkflowInstance
     from workflows.tenancy import tenant_context
 
     deadline = time.monotonic() + 30
@@ -326,9 +327,9 @@ def await_done(cleat: Cleat, run_id: Any, what: str) -> tuple[Any, Any]:
                 .values_list("status", "created_at", "completed_at")
                 .get()
             )
-        if row[0] == Status.DONE:
+        if row[0] == RunStatus.DONE:
             return row[1], row[2]
-        if row[0] not in (Status.READY, Status.RUNNING):
+        if row[0] not in (RunStatus.READY, RunStatus.RUNNING):
             raise RuntimeError(f"{what} run ended {row[0]}")
         time.sleep(0.002)
     raise RuntimeError(f"{what} run not done after 30 s")

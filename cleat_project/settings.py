@@ -187,7 +187,7 @@ SPECTACULAR_SETTINGS = {
     "SWAGGER_UI_FAVICON_HREF": "SIDECAR",
     "REDOC_DIST": "SIDECAR",
     "ENUM_NAME_OVERRIDES": {
-        "RunStatusEnum": "workflows.models.Status",
+        "RunStatusEnum": "workflows.models.RunStatus",
         "PromiseStatusEnum": "workflows.models.Promise.State",
         "UpdateStatusEnum": "workflows.models.UpdateRequest.State",
         "ErrorCodeEnum": "workflows.models.ERROR_CODE_CHOICES",
@@ -204,6 +204,10 @@ CLEAT_REDACT_PATTERNS_FILE = env.str("CLEAT_REDACT_PATTERNS_FILE", default="")
 CLEAT_MEMORY_LIMIT_BYTES = env.int("CLEAT_MEMORY_LIMIT_BYTES", default=32 * 1024 * 1024)
 CLEAT_MAX_STRING_BYTES = env.int("CLEAT_MAX_STRING_BYTES", default=1024 * 1024)
 CLEAT_SEGMENT_TIMEOUT_SECONDS = env.float("CLEAT_SEGMENT_TIMEOUT_SECONDS", default=30.0)
+# The console's "state at step N" replays in the web process: its own, short deadline.
+CLEAT_CONSOLE_REPLAY_TIMEOUT_SECONDS = env.float(
+    "CLEAT_CONSOLE_REPLAY_TIMEOUT_SECONDS", default=2.0
+)
 CLEAT_FUEL = env.int("CLEAT_FUEL", default=0)  # 0: instruction metering off
 CLEAT_MAX_INSTANCES = env.int("CLEAT_MAX_INSTANCES", default=256)
 CLEAT_MAX_TABLE_ELEMENTS = env.int("CLEAT_MAX_TABLE_ELEMENTS", default=8 * 1024 * 1024)
@@ -230,6 +234,15 @@ CLEAT_FETCH_ALLOW_PRIVATE = env.bool("CLEAT_FETCH_ALLOW_PRIVATE", default=False)
 CLEAT_PLUGINS = env.json("CLEAT_PLUGINS", default={})
 # A waiting run re-checks its wait at least this often (recovers a wake lost to a crash).
 CLEAT_WAIT_RECHECK_SECONDS = env.float("CLEAT_WAIT_RECHECK_SECONDS", default=300.0)
+# Fairness between tenants: most runs of one tenant running at once, for a tenant that sets
+# none in the admin (0: no cap); the highest run priority an API key of each role may ask
+# for (priorities range from -100 to 100; the admin and commands may use the whole range);
+# most runs one schedule backfill may start.
+CLEAT_TENANT_MAX_RUNNING = env.int("CLEAT_TENANT_MAX_RUNNING", default=100)
+CLEAT_PRIORITY_MAX_BY_ROLE = env.json(
+    "CLEAT_PRIORITY_MAX_BY_ROLE", default={"operator": 10, "admin": 100}
+)
+CLEAT_MAX_BACKFILL_RUNS = env.int("CLEAT_MAX_BACKFILL_RUNS", default=100)
 # PostgreSQL: the role the application connects as (created by the migrations).
 CLEAT_APP_ROLE = env.str("CLEAT_APP_ROLE", default="cleat_app")
 CLEAT_APP_ROLE_PASSWORD = env.str("CLEAT_APP_ROLE_PASSWORD", default="")

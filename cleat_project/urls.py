@@ -1,14 +1,21 @@
-"""URL routes: the operator console (Django admin and its console pages)."""
+"""URL routes: the operator console (Django admin and its console pages), and the REST API
+composed from each app's router (workflows, then schedules, which builds on it)."""
 
 from __future__ import annotations
 
 from django.contrib import admin
 from django.urls import include, path
 
+from schedules.api.urls import router as schedules_api
+from workflows.api.urls import router as workflows_api
+
 urlpatterns = [
     path("admin/console/", include("workflows.console.urls")),
     path("admin/", admin.site.urls),
-    # The REST API (/api/v1/, /api/schema/, /api/docs/), /healthz and /metrics.
+    # The REST API's resources.
+    path("api/v1/", include([*workflows_api.urls, *schedules_api.urls])),
+    # Its schema (/api/schema/) and docs (/api/docs/), the JSON 404 for anything else under
+    # /api/, /healthz and /metrics.
     path("", include("workflows.api.urls")),
 ]
 

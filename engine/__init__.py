@@ -4,6 +4,7 @@ record/replay, event history and its codec, storage protocols and an in-memory s
 Never imports Django. See ``docs/architecture.md``.
 """
 
+from engine.backend import LoadedModule, ModuleInfo, detect_kind
 from engine.config import EngineConfig
 from engine.determinism import idempotency_key
 from engine.errors import (
@@ -19,23 +20,24 @@ from engine.errors import (
     UnsupportedAbiVersion,
 )
 from engine.events import EncodedEvent, Event, EventType
-from engine.runtime import LoadedModule, ModuleInfo, WasmRuntime, detect_kind
-from engine.services import CallContext, CallResult, Services
-from engine.session import (
+from engine.outcomes import (
     Completed,
     ContinuedAsNew,
     Failed,
     Outcome,
-    RunInfo,
     SegmentResult,
     Suspended,
     WaitCondition,
     WaitKind,
 )
-from engine.status import Status
+from engine.runtime import WasmRuntime
+from engine.services import CallContext, CallResult, Services
+from engine.session import RunInfo
+from engine.status import AbiStatus, Status
 from engine.storage import RunRef, WorkflowStorage
 
 __all__ = [
+    "AbiStatus",
     "CallContext",
     "CallResult",
     "Completed",

@@ -68,6 +68,7 @@ import wasmtime.component._enter as component_enter
 from wasmtime import _ffi as wasmtime_ffi
 
 from engine.abi import DEFAULT_ENTRY_POINT, IMPORTS, SUPPORTED_ABI_VERSIONS, HostImport
+from engine.backend import ArtifactCache, LoadedModule, ModuleInfo, new_store
 from engine.config import EngineConfig
 from engine.errors import (
     ErrorCode,
@@ -78,19 +79,13 @@ from engine.errors import (
     WorkflowExit,
 )
 from engine.events import EncodedEvent, UpdateAppliedEvent
-from engine.runtime import LoadedModule, ModuleCache, ModuleInfo, WasmRuntime, _CallerContext
+from engine.ffi import NO_FINALIZER, CallerContext
+from engine.outcomes import AppliedUpdate, Outcome, SegmentResult, failed
 from engine.services import Services
-from engine.session import (
-    AppliedUpdate,
-    ExecutionSession,
-    Outcome,
-    Reply,
-    RunInfo,
-    SegmentResult,
-    failed,
-)
+from engine.session import ExecutionSession, Reply, RunInfo
 from engine.status import Status
 from engine.storage import WorkflowStorage
+from engine.traps import classify_component, classify_component_reply
 
 log = logging.getLogger("cleat.engine")
 guest_log = logging.getLogger("cleat.guest")
@@ -112,9 +107,6 @@ INSECURE_SEED = "wasi:random/insecure-seed"
 DETERMINISTIC_WASI = (WALL_CLOCK, MONOTONIC_CLOCK, RANDOM, INSECURE_RANDOM, INSECURE_SEED)
 
 _NS_PER_MS = 1_000_000
-# How the SDK reports a MemoryError: CPython's allocator got -1 from memory.grow at the
-# store's limit. Reported as resource_limit, like a core module trapping at the limit.
-GUEST_MEMORY_ERROR = "MemoryError: the workflow ran out of memory"
 
 
 def wit_name(abi_name: str) -> str:
@@ -338,7 +330,6 @@ _KIND_S64 = _ffi.WASMTIME_COMPONENT_S64.value
 _KIND_STRING = _ffi.WASMTIME_COMPONENT_STRING.value
 _KIND_RECORD = _ffi.WASMTIME_COMPONENT_RECORD.value
 _KIND_RESULT = _ffi.WASMTIME_COMPONENT_RESULT.value
-_NO_FINALIZER = ctypes.CFUNCTYPE(None, ctypes.c_void_p)(lambda _data: None)
 
 
 def _string_value(text: str) -> Any:
@@ -385,7 +376,7 @@ def _host_operation(imp: HostImport) -> Any:
         env: Any, context: Any, ty: Any, args: Any, nargs: int, results: Any, nresults: int
     ) -> int:
         session: ComponentSession | None = None
-        store = _CallerContext(context)
+        store = CallerContext(context)
         try:
             frame = _frame()
             if frame is None:
@@ -444,7 +435,7 @@ def _define_host_operation(instance: wc.LinkerInstance, imp: HostImport) -> None
         len(name),
         _HOST_CALLBACKS[imp.name],
         None,
-        _NO_FINALIZER,
+        NO_FINALIZER,
     )
     if error:
         raise wasmtime.WasmtimeError._from_ptr(error)
@@ -650,19 +641,18 @@ def _write_atomically(path: Path, data: bytes) -> None:
 
 
 class ComponentBackend:
-    """Loads and runs components for a :class:`~engine.runtime.WasmRuntime` (its engine,
-    configuration and epoch ticker). Thread-safe."""
+    """Loads and runs components on the runtime's engine (its configuration and epoch
+    ticker). Thread-safe."""
 
-    def __init__(self, runtime: WasmRuntime) -> None:
-        self._runtime = runtime
-        self.config = runtime.config
-        self.engine = runtime.engine
+    def __init__(self, engine: wasmtime.Engine, config: EngineConfig) -> None:
+        self.config = config
+        self.engine = engine
         self._lock = threading.Lock()
         self._wasi_names: frozenset[str] = frozenset()
         self._linker = self._build_linker(self._wasi_names)
         # LoadedModule's core fields for components: an empty core module (see LoadedComponent).
         self._no_module = wasmtime.Module(self.engine, b"\x00asm\x01\x00\x00\x00")
-        self._no_pre = runtime.linker.instantiate_pre(self._no_module)
+        self._no_pre = wasmtime.Linker(self.engine).instantiate_pre(self._no_module)
 
     # --- linking ---
 
@@ -695,8 +685,8 @@ class ComponentBackend:
             return self._linker
 
     def _new_store(self) -> wasmtime.Store:
-        """The core runtime's store (same limits, deadline and fuel), plus WASI output."""
-        store = self._runtime._new_store()
+        """The core module's store (same limits, deadline and fuel), plus WASI output."""
+        store = new_store(self.engine, self.config)
         wasi = wasmtime.WasiConfig()
         wasi.stdout_custom = _guest_output("stdout")
         wasi.stderr_custom = _guest_output("stderr")
@@ -710,7 +700,7 @@ class ComponentBackend:
 
     # --- loading ---
 
-    def load(self, wasm: bytes, sha: str, cache: ModuleCache, path: Path | None) -> LoadedModule:
+    def load(self, wasm: bytes, sha: str, cache: ArtifactCache, path: Path | None) -> LoadedModule:
         """Compile ``wasm`` (or read it from the disk cache at ``path``) and describe it."""
         component: wc.Component | None = None
         described: tuple[GuestInfo, tuple[str, ...]] | None = None
@@ -843,7 +833,7 @@ class ComponentBackend:
         clock: Callable[[], int] | None = None,
     ) -> SegmentResult:
         """Instantiate the component and run ``run`` from the start against ``history``
-        (the component twin of :meth:`WasmRuntime.run_segment`)."""
+        (the component twin of :meth:`CoreBackend.run_segment`)."""
         started = time.monotonic()
         if not isinstance(module, LoadedComponent):
             raise InvalidModule("not a loaded component")
@@ -884,57 +874,20 @@ class ComponentBackend:
                 lambda: session.io_seconds,
             )
         except (wasmtime.WasmtimeError, InvalidModule) as exc:
-            return session.result(self._classify(exc, session), time.monotonic() - started)
+            return session.result(
+                classify_component(exc, session, self.config), time.monotonic() - started
+            )
         session.bind(instance)
         previous = _frame()
         _current.frame = (session, instance)
         try:
             reply = instance.run(entry, run.input)
-            if reply.status == Status.ERROR and reply.payload.startswith(GUEST_MEMORY_ERROR):
-                outcome = failed(
-                    ErrorCode.RESOURCE_LIMIT,
-                    f"the guest ran out of memory (limit {self.config.memory_limit_bytes} "
-                    "bytes): Python raised MemoryError",
-                )
-            else:
-                outcome = session.finish(reply)
+            out_of_memory = classify_component_reply(reply, self.config)
+            outcome = out_of_memory if out_of_memory is not None else session.finish(reply)
         except (KeyboardInterrupt, SystemExit):
             raise
         except BaseException as exc:
-            outcome = self._classify(exc, session)
+            outcome = classify_component(exc, session, self.config)
         finally:
             _current.frame = previous
         return session.result(outcome, time.monotonic() - started)
-
-    def _classify(self, exc: BaseException, session: ExecutionSession) -> Outcome:
-        """Map what ended the segment to an outcome. Exceptions the session raised out of a
-        host function come first; wasmtime's own errors are read from their text (the
-        component API reports traps as ``WasmtimeError``, without a trap code)."""
-        reason = session.exit if session.exit is not None else exc
-        if isinstance(reason, wasmtime.WasmtimeError) and not isinstance(reason, wasmtime.Trap):
-            return self._classify_error(reason)
-        return self._runtime._classify(reason, session, None)
-
-    def _classify_error(self, error: wasmtime.WasmtimeError) -> Outcome:
-        cfg = self.config
-        text = str(error)
-        lowered = text.lower()
-        if "wasm trap: interrupt" in lowered:
-            return failed(
-                ErrorCode.TIMEOUT,
-                f"the execution segment exceeded its {cfg.segment_timeout_s:g} s deadline",
-            )
-        if "all fuel consumed" in lowered:
-            return failed(
-                ErrorCode.RESOURCE_LIMIT, f"the guest used up its fuel ({cfg.fuel} units)"
-            )
-        if "call stack exhausted" in lowered:
-            return failed(ErrorCode.RESOURCE_LIMIT, "the guest exhausted its call stack")
-        if "memory" in lowered and ("limit" in lowered or "exceeds" in lowered):
-            return failed(
-                ErrorCode.RESOURCE_LIMIT,
-                f"the guest ran out of memory (limit {cfg.memory_limit_bytes} bytes): {text}",
-            )
-        if "forcing a resource limit" in lowered or "resource limit exceeded" in lowered:
-            return failed(ErrorCode.RESOURCE_LIMIT, text)
-        return failed(ErrorCode.PANIC, text)

@@ -16,16 +16,11 @@ from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from engine import lifecycle
 from engine.cron import cron_error, timezone_error
 from engine.errors import FenceLost, Refused, StorageError
-from engine.events import EncodedEvent, Event, encode
-from engine.session import (
-    Completed,
-    ContinuedAsNew,
-    Failed,
-    SegmentResult,
-    Suspended,
-)
+from engine.events import AdminActionEvent, EncodedEvent, Event, decode, encode
+from engine.session import SegmentResult, Suspended
 from engine.status import Status
 from engine.storage import (
     AcquireLock,
@@ -49,8 +44,10 @@ from engine.storage import (
     UpdateRequest,
     child_status,
 )
+from engine.versions import NoSuchVersion, choose_version
 
-TERMINAL = frozenset({"done", "failed", "dead_lettered", "terminated"})
+TERMINAL = lifecycle.ENDED
+DEFAULT_POLICY = lifecycle.RunPolicy()
 
 
 @dataclass
@@ -78,6 +75,7 @@ class RunRecord:
     continued_as: str | None = None
     priority: int = 0
     segments: int = 0
+    attempt: int = 1
 
 
 @dataclass
@@ -117,6 +115,8 @@ class InMemoryStorage:
         self.updates: dict[str, StoredUpdate] = {}
         # name -> {version: deprecated}; filled by whoever deploys definitions.
         self.definitions: dict[str, dict[int, bool]] = {}
+        # (name, version) -> the definition's policies (retry); the defaults otherwise.
+        self.policies: dict[tuple[str, int], lifecycle.RunPolicy] = {}
         self.schedule_quota = 100
         self._ids = itertools.count(1)
 
@@ -191,8 +191,8 @@ class InMemoryStorage:
             run.due_ms = min(run.due_ms, self.clock()) if run.due_ms is not None else self.clock()
 
     def finalize(self, ref: RunRef, result: SegmentResult) -> str | None:
-        """Apply a segment's outcome in one step (fenced). Returns a new run id for
-        continue-as-new."""
+        """Apply a segment's outcome in one step (fenced), as :mod:`engine.lifecycle` rules.
+        Returns a new run id for continue-as-new."""
         with self._lock:
             run = self._fenced(ref)
             self._append(run, result.new_events)
@@ -207,46 +207,63 @@ class InMemoryStorage:
                     update.result = applied.payload
             run.worker_id = ""
             outcome = result.outcome
-            new_run: str | None = None
-            if isinstance(outcome, Suspended):
-                run.status = "ready"
-                run.due_ms = outcome.wait.wake_at_ms
-                run.waiting_on = outcome.wait.as_dict()
-                if self._has_wakeup(run):
-                    run.due_ms = self.clock()
-                return None
-            run.waiting_on = None
-            if isinstance(outcome, Completed):
-                run.status, run.result = "done", outcome.result
-            elif isinstance(outcome, Failed):
-                run.status, run.error, run.error_code = (
-                    "failed",
-                    outcome.message,
-                    outcome.code.value,
-                )
-            elif isinstance(outcome, ContinuedAsNew):
-                version = outcome.version or run.version
-                successor = self.create_run(
-                    run.definition,
-                    version,
-                    outcome.input,
-                    workflow_id=run.workflow_id,
-                    parent_run_id=run.parent_run_id,
-                    parent_close_policy=run.parent_close_policy,
-                    priority=run.priority,
-                )
-                run.status, run.continued_as = "done", successor.run_id
-                new_run = successor.run_id
+            arrived = isinstance(outcome, Suspended) and self._has_wakeup(
+                run, outcome.wait.as_dict()
+            )
+            state = lifecycle.RunState(run.workflow_id, run.version, run.attempt, arrived)
+            policy = self.policies.get((run.definition, run.version), DEFAULT_POLICY)
+            transition = lifecycle.after_segment(outcome, state, policy, self.clock())
+            return self._apply(run, transition)
+
+    def _apply(self, run: RunRecord, transition: lifecycle.Transition) -> str | None:
+        """Apply a transition of :mod:`engine.lifecycle` to ``run``; returns the successor's
+        run id, if it made one."""
+        run.status = transition.status
+        if transition.attempt is not None:
+            run.attempt = transition.attempt
+        run.waiting_on = transition.waiting_on
+        run.due_ms = transition.wake_at_ms if transition.status == lifecycle.READY else None
+        run.result = transition.result
+        run.error, run.error_code = transition.error, transition.error_code
+        if transition.forget_failed_call:
+            self._forget_failed_call(run)
+        successor: str | None = None
+        if transition.successor is not None:
+            version = transition.successor.version
+            if version not in self.definitions.get(run.definition, {}):
+                version = run.version  # as the database store: an unknown version keeps this one
+            successor = self.create_run(
+                run.definition,
+                version,
+                transition.successor.input,
+                workflow_id=run.workflow_id,
+                parent_run_id=run.parent_run_id,
+                parent_close_policy=run.parent_close_policy,
+                priority=run.priority,
+            ).run_id
+            run.continued_as = successor
+            # Signals that reached this run unconsumed belong to the chain: move them on.
+            for signal in self.signals:
+                if signal.run_id == run.run_id and not signal.consumed:
+                    signal.run_id = successor
+        if transition.release_locks_of is not None:
+            holder = transition.release_locks_of
+            for key in [k for k, (held_by, _) in self.locks.items() if held_by == holder]:
+                del self.locks[key]
+        if transition.ended:
             self._close_children(run)
             self._wake(run.parent_run_id)
             for update in self.updates.values():
                 if update.run_id == run.run_id and update.status == "pending":
-                    update.status, update.result = "failed", f"the run ended ({run.status})"
-            return new_run
+                    update.status, update.result = "failed", transition.updates_failure
+        return successor
 
-    def _has_wakeup(self, run: RunRecord) -> bool:
+    def _forget_failed_call(self, run: RunRecord) -> None:
+        if run.history and lifecycle.is_forgettable_failed_call(decode(run.history[-1])):
+            run.history.pop()
+
+    def _has_wakeup(self, run: RunRecord, wait: dict[str, Any]) -> bool:
         """Something that arrived while the segment ran and may satisfy its wait."""
-        wait = run.waiting_on or {}
         names = set(wait.get("signals", ()))
         if any(s.run_id == run.run_id and not s.consumed and s.name in names for s in self.signals):
             return True
@@ -262,13 +279,16 @@ class InMemoryStorage:
         return bool(promise and promise["status"] != "pending")
 
     def _close_children(self, parent: RunRecord) -> None:
-        for child in self.runs.values():
+        for child in list(self.runs.values()):
             if child.parent_run_id != parent.run_id or child.status in TERMINAL:
                 continue
-            if child.parent_close_policy == "terminate":
-                self.terminate(child.run_id, f"parent {parent.run_id} closed")
-            elif child.parent_close_policy == "request_cancel":
-                self.cancel(child.run_id, f"parent {parent.run_id} closed")
+            close = lifecycle.child_close(child.parent_close_policy, parent.run_id)
+            if close is None:
+                continue
+            if close.action == "terminate":
+                self.terminate(child.run_id, close.reason)
+            else:
+                self.cancel(child.run_id, close.reason)
 
     def release(self, ref: RunRef) -> None:
         """Give a claimed run back untouched (the segment failed for a host reason)."""
@@ -276,16 +296,70 @@ class InMemoryStorage:
             run = self._fenced(ref)
             run.status, run.worker_id, run.due_ms = "ready", "", self.clock()
 
-    def terminate(self, run_id: str, reason: str) -> None:
+    def _close(
+        self,
+        run_id: str,
+        action: str,
+        transition: lifecycle.Transition,
+        operator: str | None,
+        reason: str,
+    ) -> None:
+        """Close a run from outside its segment, whoever holds it: the generation bump
+        fences out its worker. An operator's close is kept in the history (an
+        ``admin_action`` annotation, as the database store's audit writes it)."""
+        run = self._run(run_id)
+        refusal = lifecycle.close_refusal(action, run.status)
+        if refusal is not None:
+            raise Refused(Status.PERMANENT, f"run {run_id} is {refusal}")
+        if operator is not None:
+            step = len(run.history)
+            self._append(
+                run,
+                [
+                    AdminActionEvent(
+                        step=step, ts=self.clock(), action=action, operator=operator, reason=reason
+                    )
+                ],
+            )
+        run.generation += 1
+        run.worker_id = ""
+        self._apply(run, transition)
+
+    def _run(self, run_id: str) -> RunRecord:
+        run = self.runs.get(run_id)
+        if run is None:
+            raise Refused(Status.NOT_FOUND, f"no run {run_id}")
+        return run
+
+    def terminate(self, run_id: str, reason: str, *, operator: str | None = None) -> None:
+        """Terminate a run: by an operator (``operator``), or as its parent's close policy
+        (a child already ended is left alone)."""
         with self._lock:
-            run = self.runs[run_id]
-            if run.status in TERMINAL:
+            run = self._run(run_id)
+            if operator is None and run.status in TERMINAL:
                 return
-            run.status, run.error, run.error_code = "terminated", reason, "terminated"
-            run.generation += 1
-            run.worker_id = ""
-            self._close_children(run)
-            self._wake(run.parent_run_id)
+            transition = lifecycle.terminate(run.workflow_id, reason)
+            self._close(run_id, "terminate", transition, operator, reason)
+
+    def force_complete(
+        self, run_id: str, result: str, *, operator: str = "operator", reason: str = ""
+    ) -> None:
+        with self._lock:
+            transition = lifecycle.force_complete(self._run(run_id).workflow_id, result)
+            self._close(run_id, "force_complete", transition, operator, reason)
+
+    def force_fail(
+        self,
+        run_id: str,
+        message: str,
+        code: str = "error",
+        *,
+        operator: str = "operator",
+        reason: str = "",
+    ) -> None:
+        with self._lock:
+            transition = lifecycle.force_fail(self._run(run_id).workflow_id, message, code)
+            self._close(run_id, "force_fail", transition, operator, reason)
 
     def cancel(self, run_id: str, reason: str) -> None:
         with self._lock:
@@ -464,19 +538,15 @@ class InMemoryStorage:
         raise RuntimeError(f"unrecognised mutation {m!r}")
 
     def _resolve_version(self, name: str, version: int, parent_version: int) -> int:
-        versions = self.definitions.get(name)
-        if not versions:
-            raise Refused(Status.NOT_FOUND, f"no workflow definition named {name!r}")
-        if version > 0:
-            if version not in versions:
-                raise Refused(Status.NOT_FOUND, f"{name!r} has no version {version}")
-            return version
-        if parent_version in versions:
-            return parent_version
-        live = [v for v, deprecated in versions.items() if not deprecated]
-        if not live:
-            raise Refused(Status.NOT_FOUND, f"every version of {name!r} is deprecated")
-        return max(live)
+        try:
+            return choose_version(
+                name,
+                self.definitions.get(name, {}),
+                version=version if version > 0 else None,
+                preferred=parent_version,
+            )
+        except NoSuchVersion as exc:
+            raise Refused(Status.NOT_FOUND, exc.message) from None
 
     def next_signal(
         self, run: RunRef, names: Sequence[str], exclude: Collection[str]
@@ -557,6 +627,7 @@ class InMemoryStorage:
             "error": run.error,
             "error_code": run.error_code,
             "waiting_on": (run.waiting_on or {}).get("description"),
+            "attempt": run.attempt,
             "query_state": dict(run.query_state),
             "continued_as": run.continued_as,
             "events": len(run.history),

@@ -8,7 +8,7 @@ from __future__ import annotations
 import enum
 
 
-class Status(enum.IntEnum):
+class AbiStatus(enum.IntEnum):
     OK = 0
     ERROR = 1
     PERMANENT = 2
@@ -21,13 +21,19 @@ class Status(enum.IntEnum):
 
     @property
     def label(self) -> str:
-        """Lower-case name, as used for error codes (``Status.PERMANENT.label == "permanent"``)."""
+        """Lower-case name, as used for error codes (``AbiStatus.PERMANENT.label`` is
+        ``"permanent"``)."""
         return self.name.lower()
 
 
-def status_from_byte(value: int) -> Status | None:
+# The engine's own modules say ``Status``: nothing else in the engine has a status. Outside the
+# engine, where a run has a status too (``workflows.models.RunStatus``), say ``AbiStatus``.
+Status = AbiStatus
+
+
+def status_from_byte(value: int) -> AbiStatus | None:
     """The status for a byte a guest returned, or None for a code this host does not know."""
     try:
-        return Status(value)
+        return AbiStatus(value)
     except ValueError:
         return None

@@ -16,8 +16,13 @@ The helper cleat's own engine tests use, and the one workflow authors use for th
         env.assert_replays(run)   # the history replays to the same outcome, no call repeated
 
 Time only moves when the test says so (``advance``); timers fire as the virtual clock
-passes them. ``assert_replays`` re-runs a run from its full history with storage and
-services that refuse every write and call, which is the determinism check a worker relies on.
+passes them. A run's lifecycle is the worker's (:mod:`engine.lifecycle`): a retryable
+failure is retried after the definition's backoff (``deploy(..., retry=RetryPolicy(...))``;
+by default 3 attempts, 1 s then 2 s, as a deployed definition) and then dead-lettered, so
+``advance`` makes a retry due; non-determinism dead-letters at once; a run's end releases
+the locks its workflow holds. ``assert_replays`` re-runs a run from its full history with
+storage and services that refuse every write and call, which is the determinism check a
+worker relies on.
 """
 
 from __future__ import annotations
@@ -31,6 +36,7 @@ from engine.config import EngineConfig
 from engine.errors import EngineError
 from engine.events import Event, decode
 from engine.inmemory import InMemoryStorage, dumps
+from engine.lifecycle import RetryPolicy, RunPolicy
 from engine.runtime import LoadedModule, WasmRuntime
 from engine.services import CallContext, CallResult, Services
 from engine.session import Completed, ContinuedAsNew, Failed, Outcome, RunInfo, SegmentResult
@@ -98,16 +104,42 @@ class WorkflowEnvironment:
         self.caller = RecordingCaller(self.services.caller)
         self.services.caller = self.caller
         self._modules: dict[tuple[str, int], LoadedModule] = {}
+        # (name, version) -> (min_version, max_history_length) the deploy declared
+        self._declared: dict[tuple[str, int], tuple[int, int]] = {}
         self.segments: list[tuple[str, SegmentResult]] = []
         self.worker_id = "test-worker"
 
     # --- definitions and runs ---
 
-    def deploy(self, name: str, wasm: bytes, version: int | None = None) -> int:
-        """Deploy a module (bytes of a core module) and return its version."""
+    def deploy(
+        self,
+        name: str,
+        wasm: bytes,
+        version: int | None = None,
+        *,
+        min_version: int = 0,
+        max_history_length: int = 0,
+        retry: RetryPolicy | None = None,
+    ) -> int:
+        """Deploy a module (bytes of a core module or a component) and return its version.
+
+        As a deployed definition: ``min_version`` is what the guest's ``min_version()``
+        answers, ``max_history_length`` the events after which a run continues as new (0:
+        the engine's default), ``retry`` the policy a retryable failure is retried with
+        before the run is dead-lettered (the database's defaults when not given)."""
+        if min_version < 0:
+            raise EngineError("min_version must not be negative")
+        if max_history_length < 0:
+            raise EngineError("max_history_length must not be negative")
+        policy = retry or RetryPolicy()
+        problems = policy.problems()
+        if problems:
+            raise EngineError(f"retry policy: {'; '.join(problems)}")
         versions = self.storage.definitions.setdefault(name, {})
         version = version or (max(versions, default=0) + 1)
         self._modules[(name, version)] = self.runtime.load(wasm)
+        self._declared[(name, version)] = (min_version, max_history_length)
+        self.storage.policies[(name, version)] = RunPolicy(retry=policy)
         versions[version] = False
         return version
 
@@ -174,12 +206,15 @@ class WorkflowEnvironment:
         return self._modules[(name, version)]
 
     def _info(self, ref: RunRef, run: Any) -> RunInfo:
+        min_version, max_history = self._declared.get((run.definition, run.version), (0, 0))
         return RunInfo(
             ref=ref,
             definition=run.definition,
             version=run.version,
             input=run.input,
             start_ms=run.created_ms,
+            min_version=min_version,
+            max_history_events=max_history or None,
         )
 
     # --- talking to runs ---
@@ -190,8 +225,19 @@ class WorkflowEnvironment:
     def cancel(self, run_id: str, reason: str = "cancelled by test") -> None:
         self.storage.cancel(run_id, reason)
 
+    # An operator's closes: refused (Refused) for a run whose status does not allow them,
+    # kept in its history as an admin_action annotation, as under the database store.
+
     def terminate(self, run_id: str, reason: str = "terminated by test") -> None:
-        self.storage.terminate(run_id, reason)
+        self.storage.terminate(run_id, reason, operator="test")
+
+    def force_complete(self, run_id: str, result: Any = None) -> None:
+        """An operator's answer for a run: it ends ``done`` with ``result``."""
+        text = "null" if result is None else dumps(result)
+        self.storage.force_complete(run_id, text, operator="test")
+
+    def force_fail(self, run_id: str, message: str, code: str = "error") -> None:
+        self.storage.force_fail(run_id, message, code, operator="test")
 
     def resolve_promise(self, promise_id: str, value: Any) -> None:
         self.storage.settle_promise(promise_id, value=dumps(value))
@@ -272,6 +318,8 @@ class WorkflowEnvironment:
 def _outcome_of(run: Any) -> tuple[str, str | None]:
     if run.continued_as:
         return ("continued", None)
+    if run.status == "dead_lettered":  # a failure the retry policy gave up on
+        return ("failed", run.error_code)
     return (run.status, run.result if run.status == "done" else run.error_code)
 
 

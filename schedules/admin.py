@@ -1,7 +1,8 @@
 """Schedules in the operator console. Forms validate through ``schedules.services`` and
 every change goes through it too (create, update, delete, enable, disable, trigger,
 backfill); nothing here writes a row itself. Pages render in the session tenant's context
-(``workflows.middleware``)."""
+(``workflows.middleware``) and show only its schedules (``TenantScopedAdmin``: MariaDB and
+SQLite have no row-level security; another tenant's schedule is a 404)."""
 
 from __future__ import annotations
 
@@ -24,9 +25,11 @@ from schedules import services
 from schedules.cron import CronError, load_zone
 from schedules.models import OverlapPolicy, Schedule
 from schedules.scheduler import Delivery
+from workflows.console.scoping import TenantScopedAdmin
 from workflows.models import Tenant, WorkflowInstance
+from workflows.redaction import REDACTED, redacted_text
 from workflows.services import ServiceError
-from workflows.tenancy import current_tenant
+from workflows.tenancy import current_tenant, of_tenant
 
 PREVIEW_COUNT = 5
 
@@ -52,6 +55,31 @@ class ScheduleForm(forms.ModelForm):
             "input": forms.Textarea(attrs={"rows": 3, "cols": 60}),
             "notes": forms.Textarea(attrs={"rows": 4, "cols": 60}),
         }
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        # The input is shown redacted, as the API shows it. Sent back unchanged it keeps the
+        # stored values; a placeholder typed into a changed input would replace a secret.
+        self.stored_input: str | None = None if self.instance._state.adding else self.instance.input
+        self.shown_input = redacted_text(self.stored_input) if self.stored_input else None
+        if self.stored_input is not None and "input" in self.fields:
+            self.initial["input"] = self.shown_input
+            if self.shown_input != self.stored_input:
+                self.fields["input"].help_text = (
+                    f"JSON passed to every run. Sensitive values are shown as {REDACTED}: "
+                    "leave the input as shown to keep them, or type the whole input anew."
+                )
+
+    def clean_input(self) -> str:
+        value = str(self.cleaned_data.get("input") or "")
+        if self.stored_input is not None and value == self.shown_input:
+            return self.stored_input
+        if REDACTED in value:
+            raise forms.ValidationError(
+                f"input contains {REDACTED}, the placeholder of a redacted value: type the "
+                "real values (or leave the input as shown to keep the stored ones)"
+            )
+        return value
 
     def clean_cron(self) -> str:
         cron = str(self.cleaned_data.get("cron") or "")
@@ -109,7 +137,7 @@ def _describe(made: list[Delivery]) -> str:
 
 
 @admin.register(Schedule)
-class ScheduleAdmin(admin.ModelAdmin):
+class ScheduleAdmin(TenantScopedAdmin):
     form = ScheduleForm
     list_display = (
         "name",
@@ -136,6 +164,17 @@ class ScheduleAdmin(admin.ModelAdmin):
 
     # --- columns ---
 
+    def get_fields(self, request: HttpRequest, obj: Any = None) -> Any:
+        fields = list(super().get_fields(request, obj))
+        if obj is not None and not self.has_change_permission(request, obj):
+            # View only: the page shows each field's stored value; the input, redacted.
+            fields = ["input_shown" if name == "input" else name for name in fields]
+        return fields
+
+    @admin.display(description="input")
+    def input_shown(self, obj: Schedule) -> str:
+        return redacted_text(obj.input)
+
     @admin.display(description=f"next {PREVIEW_COUNT} fire times")
     def next_fire_times(self, obj: Schedule) -> str:
         if not obj.enabled:
@@ -159,7 +198,8 @@ class ScheduleAdmin(admin.ModelAdmin):
             return "-"
         url = reverse("admin:workflows_workflowinstance_change", args=[obj.last_run_id])
         status = (
-            WorkflowInstance.objects.filter(tenant_id=obj.tenant_id, id=obj.last_run_id)
+            of_tenant(WorkflowInstance, obj.tenant_id)
+            .filter(id=obj.last_run_id)
             .values_list("status", flat=True)
             .first()
         )

@@ -42,6 +42,7 @@ from schedules import store
 from schedules.cron import CronError, Timing
 from schedules.models import MisfirePolicy, OverlapPolicy, Schedule
 from schedules.store import DueSchedule
+from workflows.duties import WorkerContext
 from workflows.models import Tenant, WorkflowInstance
 from workflows.services import (
     Conflict,
@@ -539,6 +540,14 @@ def scheduler_in_worker() -> bool:
     return bool(getattr(settings, "CLEAT_SCHEDULER_IN_WORKER", True))
 
 
+def worker_duty(worker: WorkerContext) -> ScheduleTicker | None:
+    """The tick as a periodic duty of the worker loop (registered in SchedulesConfig.ready),
+    unless CLEAT_SCHEDULER_IN_WORKER is off."""
+    if not scheduler_in_worker():
+        return None
+    return ScheduleTicker(worker.tenant, worker.poll_interval_s)
+
+
 __all__ = [
     "Delivery",
     "Plan",
@@ -549,4 +558,5 @@ __all__ = [
     "plan_firing",
     "release_buffered",
     "tick",
+    "worker_duty",
 ]

@@ -14,26 +14,29 @@ import uuid
 from datetime import UTC, datetime
 from typing import Any
 
-from django.core.exceptions import ValidationError
+from django.conf import settings
 from django.db import IntegrityError, transaction
 from django.utils import timezone as dj_timezone
 
 from schedules.cron import CronError, CronSchedule, compile_cron
 from schedules.models import MisfirePolicy, OverlapPolicy, Schedule
 from schedules.scheduler import Delivery, append_note, deliver
-from workflows.models import AuditLog, Tenant, name_validator
+from workflows.definitions import resolve_definition
+from workflows.models import AuditLog, Tenant
 from workflows.services import (
     Conflict,
     InvalidInput,
     NotFound,
     ServiceError,
+    check_name,
     json_text,
-    resolve_definition,
 )
 from workflows.tenancy import tenant_context
 
 MAX_CATCH_UP_LIMIT = 10_000
-MAX_BACKFILL_INSTANTS = 1_000
+# Most runs one backfill call may start, when CLEAT_MAX_BACKFILL_RUNS does not say: each is a
+# run in the tenant's queue, so a wider range is several calls (and several audit rows).
+MAX_BACKFILL_INSTANTS = 100
 MAX_PREVIEW = 100
 
 # Fields an operator sets (the scheduler owns next_run_at, last_run_*, the buffer).
@@ -101,12 +104,14 @@ def _audit(
     tenant: Tenant, schedule: Schedule, action: str, operator: str, reason: str = "", **more: Any
 ) -> None:
     """An audit row for a change to a schedule, in the caller's transaction."""
-    AuditLog.objects.create(
-        tenant=tenant,
-        action=f"schedule_{action}",
-        operator=operator,
-        reason=reason,
-        detail={"schedule": schedule.name, "schedule_id": str(schedule.id), **more},
+    AuditLog.record(
+        tenant,
+        f"schedule_{action}",
+        operator,
+        reason,
+        schedule=schedule.name,
+        schedule_id=str(schedule.id),
+        **more,
     )
 
 
@@ -175,12 +180,7 @@ def validate_schedule(
     merged = {**DEFAULTS, **values}
     clean: dict[str, Any] = {}
     clean["name"] = _text(merged.get("name"), "name", 128, required=True)
-    try:
-        name_validator(clean["name"])
-    except ValidationError:
-        raise InvalidInput(
-            f"name {clean['name']!r} is not valid: {name_validator.message}", "name"
-        ) from None
+    check_name(clean["name"], "name")
     if clean["name"] in RESERVED_NAMES or _looks_like_an_id(clean["name"]):
         raise InvalidInput(
             f"name {clean['name']!r} cannot be used: schedules are addressed by id or name, "
@@ -444,6 +444,10 @@ def trigger_schedule(
         return made
 
 
+def max_backfill_runs() -> int:
+    return int(getattr(settings, "CLEAT_MAX_BACKFILL_RUNS", 0) or MAX_BACKFILL_INSTANTS)
+
+
 def backfill_schedule(
     tenant: Tenant,
     schedule: str | uuid.UUID | Schedule,
@@ -452,7 +456,7 @@ def backfill_schedule(
     *,
     now: datetime | None = None,
     overlap_policy: str | None = None,
-    max_instants: int = MAX_BACKFILL_INSTANTS,
+    max_instants: int | None = None,
     operator: str = "system",
 ) -> list[Delivery]:
     """Deliver every instant ``start <= i <= end`` the schedule names, oldest first, each
@@ -460,6 +464,8 @@ def backfill_schedule(
     still going, ``buffer_all`` queues them behind one another). An instant that already
     fired returns its existing run (the start idempotency key is per instant)."""
     now = now or dj_timezone.now()
+    if max_instants is None:
+        max_instants = max_backfill_runs()
     policy = _policy(overlap_policy)
     start, end = _instant(start, "start"), _instant(end, "end")
     if end < start:
@@ -472,8 +478,8 @@ def backfill_schedule(
         instants = timing.between(start, end, max_instants)
         if len(instants) > max_instants:
             raise InvalidInput(
-                f"the range holds more than {max_instants} instants of {found.cron!r}; "
-                "backfill a shorter range",
+                f"the range holds more than {max_instants} instants of {found.cron!r}, the "
+                "most one backfill may start (CLEAT_MAX_BACKFILL_RUNS); backfill a shorter range",
                 "end",
             )
         made: list[Delivery] = []

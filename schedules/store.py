@@ -6,7 +6,8 @@ On PostgreSQL the two cross-tenant reads are ``SECURITY DEFINER`` functions owne
 ``cleat_dispatcher`` and executable by the application role only (``workflows/rls.py``
 explains why); the rows they return carry ``tenant_id`` and the caller re-scopes to it
 before touching anything else. Elsewhere (SQLite, MariaDB, SQL Server) the same reads are
-ORM queries: there is no RLS to step around.
+ORM queries: there is no RLS to step around. The SQL is in ``schedules/sql/``, one module per
+dialect, in the shape of ``workflows/store/sql/``.
 """
 
 from __future__ import annotations
@@ -20,61 +21,14 @@ from django.db import connection
 from django.db.models import Exists, F, OuterRef, Q
 
 from schedules.models import Schedule
-from workflows.models import ACTIVE_STATUSES, Status, WorkflowInstance
-
-# -- due_schedules -- every tenant's schedules that need the scheduler now: due, not yet
-# initialised (next_run_at NULL), or holding buffered instants whose previous run ended.
-DUE_SCHEDULES_SQL = """
-CREATE OR REPLACE FUNCTION cleat.due_schedules(
-    p_now timestamptz, p_limit integer, p_tenant uuid DEFAULT NULL)
-RETURNS TABLE(id uuid, tenant_id uuid, next_run_at timestamptz)
-LANGUAGE sql STABLE SECURITY DEFINER SET search_path = public, pg_temp AS $$
-    SELECT s.id, s.tenant_id, s.next_run_at
-      FROM schedules_schedule AS s
-      JOIN workflows_tenant AS t ON t.id = s.tenant_id AND t.is_active
-     WHERE s.enabled
-       AND (p_tenant IS NULL OR s.tenant_id = p_tenant)
-       AND (s.next_run_at IS NULL
-            OR s.next_run_at <= p_now
-            OR (s.buffered_count > 0 AND NOT EXISTS (
-                    SELECT 1
-                      FROM workflows_workflowinstance AS last
-                      JOIN workflows_workflowinstance AS run
-                        ON run.tenant_id = last.tenant_id AND run.workflow_id = last.workflow_id
-                     WHERE last.id = s.last_run_id
-                       AND run.status IN ('ready', 'running', 'paused'))))
-     ORDER BY s.next_run_at NULLS FIRST
-     LIMIT p_limit
-$$;
-"""
-
-# -- next_schedule_at -- the earliest instant any enabled schedule is due at (the worker
-# sleeps until then).
-NEXT_SCHEDULE_AT_SQL = """
-CREATE OR REPLACE FUNCTION cleat.next_schedule_at(p_tenant uuid DEFAULT NULL)
-RETURNS timestamptz
-LANGUAGE sql STABLE SECURITY DEFINER SET search_path = public, pg_temp AS $$
-    SELECT min(s.next_run_at)
-      FROM schedules_schedule AS s
-      JOIN workflows_tenant AS t ON t.id = s.tenant_id AND t.is_active
-     WHERE s.enabled AND (p_tenant IS NULL OR s.tenant_id = p_tenant)
-$$;
-"""
-
-DEFINER_FUNCTIONS = {
-    "cleat.due_schedules(timestamptz, integer, uuid)": DUE_SCHEDULES_SQL,
-    "cleat.next_schedule_at(uuid)": NEXT_SCHEDULE_AT_SQL,
-}
-# What the definer functions read, granted to their owner (it bypasses RLS, not privileges).
-DISPATCHER_GRANTS = (
-    "GRANT SELECT ON schedules_schedule TO {dispatcher}",
-    "GRANT SELECT ON workflows_tenant TO {dispatcher}",
-    "GRANT SELECT ON workflows_workflowinstance TO {dispatcher}",
-)
+from schedules.sql import queries
+from workflows.models import ACTIVE_STATUSES, RunStatus, WorkflowInstance
 
 # Statuses in which a run (or its continue-as-new successor) still counts as "going".
 _ACTIVE = sorted(str(s) for s in ACTIVE_STATUSES)
-assert _ACTIVE == ["paused", "ready", "running"], "keep DUE_SCHEDULES_SQL's list in step"
+assert _ACTIVE == ["paused", "ready", "running"], (
+    "keep DUE_SCHEDULES_SQL's list (schedules/sql/postgresql.py) in step"
+)
 
 
 @dataclass(frozen=True)
@@ -103,13 +57,12 @@ def _previous_run_active() -> Exists:
 
 
 def due_schedules(now: datetime, limit: int, tenant: uuid.UUID | None = None) -> list[DueSchedule]:
-    """Every tenant's schedules needing the scheduler at ``now`` (see the SQL above)."""
-    if connection.vendor == "postgresql":
+    """Every tenant's schedules needing the scheduler at ``now`` (see ``DUE_SCHEDULES_SQL``
+    in schedules/sql/postgresql.py)."""
+    sql = queries(connection)
+    if "due_schedules" in sql:
         with connection.cursor() as cursor:
-            cursor.execute(
-                "SELECT id, tenant_id, next_run_at FROM cleat.due_schedules(%s, %s, %s)",
-                [now, limit, tenant],
-            )
+            cursor.execute(sql["due_schedules"], [now, limit, tenant])
             return [DueSchedule(_uuid(i), _uuid(t), n) for i, t, n in cursor.fetchall()]
     query = Schedule.objects.filter(enabled=True, tenant__is_active=True).filter(
         Q(next_run_at__isnull=True)
@@ -126,9 +79,10 @@ def due_schedules(now: datetime, limit: int, tenant: uuid.UUID | None = None) ->
 
 def next_schedule_at(tenant: uuid.UUID | None = None) -> datetime | None:
     """The earliest ``next_run_at`` of any enabled schedule (None: nothing scheduled)."""
-    if connection.vendor == "postgresql":
+    sql = queries(connection)
+    if "next_schedule_at" in sql:
         with connection.cursor() as cursor:
-            cursor.execute("SELECT cleat.next_schedule_at(%s)", [tenant])
+            cursor.execute(sql["next_schedule_at"], [tenant])
             row = cursor.fetchone()
             return row[0] if row else None
     query = Schedule.objects.filter(enabled=True, tenant__is_active=True, next_run_at__isnull=False)
@@ -197,7 +151,7 @@ def last_run_failed(schedule: Schedule) -> WorkflowInstance | None:
         .order_by("-created_at")
         .first()
     )
-    if latest is None or latest.status not in (Status.FAILED, Status.DEAD_LETTERED):
+    if latest is None or latest.status not in (RunStatus.FAILED, RunStatus.DEAD_LETTERED):
         return None
     if latest.error_code == "cancelled":
         return None

@@ -2,27 +2,37 @@
 
 Histories are read-only and nothing here writes rows directly: run actions go through
 ``workflows.services`` (``console/actions.py``), definition changes through
-``workflows.services.deploy_definition`` and ``workflows.definitions``. Every queryset is
-scoped to the request's tenant (``request.cleat_tenant``, set by the tenant middleware): on
-PostgreSQL row-level security enforces it as well, on the other backends this scoping is
-the only fence, so list filters read their choices through it too.
+``workflows.definitions``. Every admin of a
+tenant-scoped model derives from ``workflows.console.scoping.TenantScopedAdmin`` (the
+request's tenant only; another tenant's id is a 404): on PostgreSQL row-level security
+enforces it as well, on MariaDB and SQLite this scoping is the only fence, so list filters
+read their choices through it too. What is not a tenant's (tenants, staff bindings, Django's
+users and groups) is for superusers only: a tenant's staff must not see or change another
+tenant's staff accounts, nor give themselves more rights.
 """
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable
 from typing import Any
 from uuid import UUID
 
-from django.contrib import admin
+from django.contrib import admin, messages
+from django.contrib.auth import admin as auth_admin
+from django.contrib.auth import get_user_model
+from django.contrib.auth.models import Group
 from django.db.models import Q, QuerySet
 from django.http import HttpRequest, HttpResponse
 from django.urls import URLPattern, path
 from django.utils.html import format_html
+from django.utils.text import smart_split, unescape_string_literal
 
+from workflows import services
 from workflows.console import views
 from workflows.console.actions import ACTIONS, RunAction
 from workflows.console.display import STATUS_COLOURS, age_text, wait_text
+from workflows.console.scoping import TenantScopedAdmin
 from workflows.models import (
     AuditLog,
     StaffTenant,
@@ -31,6 +41,19 @@ from workflows.models import (
     WorkflowDefinition,
     WorkflowInstance,
 )
+from workflows.redaction import redacted_text, redacted_value
+from workflows.tenancy import of_tenant
+
+# A search reads the input and error of at most this many matching runs to check them
+# against their redacted text (the database cannot redact).
+SEARCH_SCAN_LIMIT = 1000
+
+
+def _search_word(bit: str) -> str:
+    """A word of a search as Django's admin splits it (a quoted phrase is one word)."""
+    if len(bit) > 1 and bit[0] in "\"'" and bit[0] == bit[-1]:
+        return unescape_string_literal(bit)
+    return bit
 
 
 def _tenant_id(request: HttpRequest) -> UUID:
@@ -44,11 +67,6 @@ def status_badge(status: str, label: str | None = None) -> str:
         STATUS_COLOURS.get(status, "#6b7280"),
         label or status.replace("_", "-"),
     )
-
-
-class TenantScopedAdmin(admin.ModelAdmin):
-    def get_queryset(self, request: HttpRequest) -> QuerySet[Any]:
-        return super().get_queryset(request).filter(tenant_id=_tenant_id(request))
 
 
 class ReadOnlyAdmin(TenantScopedAdmin):
@@ -70,7 +88,7 @@ class _ValuesFilter(admin.SimpleListFilter):
 
     def lookups(self, request: HttpRequest, model_admin: Any) -> list[tuple[Any, str]]:
         values = (
-            WorkflowInstance.objects.filter(tenant_id=_tenant_id(request))
+            of_tenant(WorkflowInstance, _tenant_id(request))
             .order_by(self.field)
             .values_list(self.field, flat=True)
             .distinct()
@@ -108,32 +126,6 @@ class TaskQueueFilter(_ValuesFilter):
     field = "task_queue"
 
 
-class TenantFilter(admin.SimpleListFilter):
-    """For superusers: picking a tenant switches the console to it (the middleware reads the
-    same ``tenant`` parameter and remembers the choice), so this list shows that tenant."""
-
-    title = "tenant"
-    parameter_name = "tenant"
-
-    def lookups(self, request: HttpRequest, model_admin: Any) -> list[tuple[str, str]]:
-        return [(str(t.id), t.name) for t in Tenant.objects.filter(is_active=True)]
-
-    def __init__(self, request: HttpRequest, *args: Any) -> None:
-        self.current = str(_tenant_id(request))
-        super().__init__(request, *args)
-
-    def queryset(self, request: HttpRequest, queryset: QuerySet[Any]) -> QuerySet[Any]:
-        return queryset.filter(tenant_id=_tenant_id(request))
-
-    def choices(self, changelist: Any) -> Any:
-        for lookup, title in self.lookup_choices:
-            yield {
-                "selected": self.current == str(lookup),
-                "query_string": changelist.get_query_string({self.parameter_name: lookup}),
-                "display": title,
-            }
-
-
 # --- instances ----------------------------------------------------------------------------------
 
 
@@ -167,16 +159,13 @@ class WorkflowInstanceAdmin(ReadOnlyAdmin):
         "created_at",
     )
     search_fields = ("workflow_id", "input", "error")
-    search_help_text = "Run id (exact), workflow id, or text in the input or the error."
+    search_help_text = (
+        "Run id (exact), workflow id, or text in the input or the error (as shown: redacted "
+        f"values do not match; the newest {SEARCH_SCAN_LIMIT} matching runs are checked)."
+    )
     list_per_page = 50
     ordering = ("-created_at",)
     actions = [_bulk(a) for a in ACTIONS.values()]
-
-    def get_list_filter(self, request: HttpRequest) -> Any:
-        filters = list(super().get_list_filter(request))
-        if request.user.is_superuser:
-            filters.insert(1, TenantFilter)
-        return filters
 
     def get_queryset(self, request: HttpRequest) -> QuerySet[Any]:
         return super().get_queryset(request).defer("compaction_state")
@@ -188,8 +177,26 @@ class WorkflowInstanceAdmin(ReadOnlyAdmin):
         try:
             run_id = UUID(term)
         except ValueError:
-            return super().get_search_results(request, queryset, search_term)
-        return queryset.filter(Q(id=run_id) | Q(workflow_id=term)), False
+            pass
+        else:
+            return queryset.filter(Q(id=run_id) | Q(workflow_id=term)), False
+        found, _ = super().get_search_results(request, queryset, search_term)
+        if not term:
+            return found, False
+        # The database matched the stored text; keep only the runs whose text as shown
+        # (redacted) matches too, or searching for a password would find its run.
+        words = [_search_word(w) for w in smart_split(term)]
+        words = [w.lower() for w in words if w]
+        rows = found.order_by("-created_at").values_list("pk", "workflow_id", "input", "error")
+        shown = [
+            pk
+            for pk, workflow_id, input_text, error in rows[:SEARCH_SCAN_LIMIT]
+            if all(
+                w in f"{workflow_id}\n{redacted_text(input_text)}\n{redacted_text(error)}".lower()
+                for w in words
+            )
+        ]
+        return queryset.filter(pk__in=shown), False
 
     def has_operate_permission(self, request: HttpRequest) -> bool:
         return views.can_operate(request)
@@ -272,9 +279,11 @@ class WorkflowDefinitionAdmin(TenantScopedAdmin):
 
     @admin.display(description="tags")
     def tags(self, obj: WorkflowDefinition) -> str:
-        names = VersionTag.objects.filter(
-            tenant_id=obj.tenant_id, name=obj.name, version=obj.version
-        ).values_list("tag", flat=True)
+        names = (
+            of_tenant(VersionTag, obj.tenant_id)
+            .filter(name=obj.name, version=obj.version)
+            .values_list("tag", flat=True)
+        )
         return ", ".join(sorted(names))
 
     def _each(self, request: HttpRequest, queryset: QuerySet[Any], deprecate: bool) -> None:
@@ -284,7 +293,7 @@ class WorkflowDefinitionAdmin(TenantScopedAdmin):
         tenant = views.tenant_of(request)
         change = defs.deprecate_definition if deprecate else defs.restore_definition
         done = 0
-        for definition in queryset.filter(tenant_id=tenant.id):
+        for definition in of_tenant(queryset, tenant):
             try:
                 change(tenant, definition.name, definition.version, views.operator_of(request))
             except ServiceError as exc:
@@ -322,15 +331,25 @@ class WorkflowDefinitionAdmin(TenantScopedAdmin):
 
 @admin.register(AuditLog)
 class AuditLogAdmin(ReadOnlyAdmin):
-    list_display = ("created_at", "action", "operator", "run", "reason")
+    list_display = ("created_at", "action", "operator", "run", "reason_text")
     list_filter = ("action", "created_at")
     search_fields = ("operator", "reason", "action")
     list_select_related = False
+    # The reason and the detail are shown redacted, as everywhere else.
+    fields = ("created_at", "action", "operator", "instance", "reason_text", "detail_text")
+
+    @admin.display(description="reason")
+    def reason_text(self, obj: AuditLog) -> str:
+        return redacted_text(obj.reason)
+
+    @admin.display(description="detail")
+    def detail_text(self, obj: AuditLog) -> str:
+        return json.dumps(redacted_value(obj.detail), ensure_ascii=False)
 
     @admin.display(description="run")
     def run(self, obj: AuditLog) -> str:
         if not obj.instance_id:
-            return str(obj.detail or "")
+            return str(redacted_value(obj.detail) or "")
         return format_html(
             '<a href="{}"><code>{}…</code></a>',
             views.instance_url(obj.instance_id),
@@ -357,19 +376,54 @@ class SuperuserOnly(admin.ModelAdmin):
 
 @admin.register(Tenant)
 class TenantAdmin(SuperuserOnly):
-    """Tenants are created with ``manage.py create_tenant``; here they are listed."""
+    """Tenants are created with ``manage.py create_tenant``; here superusers set a tenant's
+    running cap and schedule quota, and deactivate or reactivate it (actions that call the
+    services, which pause or resume its runs and write the audit row; the flag itself is not
+    a form field)."""
 
-    list_display = ("name", "id", "is_active", "schedule_quota", "created_at")
+    list_display = (
+        "name",
+        "id",
+        "is_active",
+        "max_running",
+        "schedule_quota",
+        "last_claimed_at",
+        "created_at",
+    )
     search_fields = ("name",)
+    fields = ("name", "is_active", "max_running", "schedule_quota", "last_claimed_at")
+    readonly_fields = ("name", "is_active", "last_claimed_at")
+    actions = ("deactivate_tenants", "reactivate_tenants")
 
     def has_add_permission(self, request: HttpRequest, obj: Any = None) -> bool:
         return False
 
-    def has_change_permission(self, request: HttpRequest, obj: Any = None) -> bool:
-        return False
-
     def has_delete_permission(self, request: HttpRequest, obj: Any = None) -> bool:
         return False
+
+    @admin.action(description="Deactivate: pause every run and schedule of the tenant")
+    def deactivate_tenants(self, request: HttpRequest, queryset: QuerySet[Tenant]) -> None:
+        self._each(request, queryset, services.deactivate_tenant, "paused")
+
+    @admin.action(description="Reactivate: resume the runs their deactivation paused")
+    def reactivate_tenants(self, request: HttpRequest, queryset: QuerySet[Tenant]) -> None:
+        self._each(request, queryset, services.reactivate_tenant, "resumed")
+
+    def _each(
+        self,
+        request: HttpRequest,
+        queryset: QuerySet[Tenant],
+        change: Callable[..., int],
+        verb: str,
+    ) -> None:
+        operator = f"admin:{request.user.get_username()}"
+        for tenant in queryset:
+            try:
+                count = change(tenant, operator)
+            except services.ServiceError as exc:
+                self.message_user(request, exc.message, messages.WARNING)
+            else:
+                self.message_user(request, f"{tenant.name}: {count} run(s) {verb}")
 
 
 @admin.register(StaffTenant)
@@ -381,7 +435,22 @@ class StaffTenantAdmin(SuperuserOnly):
 
     def formfield_for_foreignkey(self, db_field: Any, request: HttpRequest, **kwargs: Any) -> Any:
         if db_field.name == "user":
-            from django.contrib.auth import get_user_model
-
             kwargs["queryset"] = get_user_model().objects.filter(is_staff=True, is_superuser=False)
         return super().formfield_for_foreignkey(db_field, request, **kwargs)
+
+
+# Django's users and groups are not a tenant's: a staff user holding auth permissions could
+# otherwise list every tenant's staff, or make themselves a superuser.
+for _model in (get_user_model(), Group):
+    if admin.site.is_registered(_model):
+        admin.site.unregister(_model)
+
+
+@admin.register(get_user_model())
+class UserAdmin(SuperuserOnly, auth_admin.UserAdmin):  # type: ignore[type-arg]
+    pass
+
+
+@admin.register(Group)
+class GroupAdmin(SuperuserOnly, auth_admin.GroupAdmin):
+    pass

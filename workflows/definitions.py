@@ -1,10 +1,10 @@
-"""Managing deployed versions: deprecate, restore, purge, tags, weighted routing, version
-garbage collection and stale-version alerts (the reference's version handler,
-``GarbageCollectVersions`` and ``CheckStaleVersions``).
+"""Workflow definitions: deploy and resolve, and managing deployed versions: deprecate,
+restore, purge, tags, weighted routing, version garbage collection and stale-version alerts
+(the reference's version handler, ``GarbageCollectVersions`` and ``CheckStaleVersions``).
 
-Like ``workflows.services`` (which deploys and resolves definitions), every function takes
-the tenant explicitly, runs in its tenant context, writes the audit row in the same
-transaction as the change, and raises :class:`~workflows.services.ServiceError` subclasses.
+Like ``workflows.services``, every function takes the tenant explicitly, runs in its tenant
+context, writes the audit row in the same transaction as the change, and raises
+:class:`~workflows.services.ServiceError` subclasses.
 
 A version's runs keep a protected foreign key to it, so a purge deletes the version together
 with its *finished* runs (and their histories); it is refused while any run of the version is
@@ -15,12 +15,16 @@ deprecate-then-purge order gives one last look before anything is deleted.
 from __future__ import annotations
 
 import math
+import random
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
+from typing import Any
 
-from django.db.models import Count, Q, QuerySet
+from django.db.models import Count, Max, Q, QuerySet
 
+from engine.errors import InvalidModule
+from engine.versions import NoSuchVersion, choose_version
 from workflows.models import (
     ACTIVE_STATUSES,
     AuditLog,
@@ -29,9 +33,8 @@ from workflows.models import (
     VersionTag,
     WorkflowDefinition,
     WorkflowInstance,
-    name_validator,
 )
-from workflows.services import Conflict, InvalidInput, NotFound
+from workflows.services import Conflict, InvalidInput, NotFound, check_name
 from workflows.tenancy import tenant_context
 
 DEFAULT_MIN_VERSIONS_TO_KEEP = 3
@@ -40,13 +43,102 @@ DEFAULT_STALE_AFTER = timedelta(days=30)
 DEFAULT_PURGE_AFTER = timedelta(days=90)
 
 
-def _check_name(value: str, field_name: str) -> None:
+# --- deploy and resolve ------------------------------------------------------------------------
+
+
+def deploy_definition(
+    tenant: Tenant,
+    name: str,
+    wasm: bytes,
+    *,
+    version: int | None = None,
+    min_version: int = 0,
+    max_history_length: int = 0,
+    retry_max_attempts: int | None = None,
+) -> WorkflowDefinition:
+    """Validate ``wasm`` with wasmtime (refused with its reason) and store it as the next
+    version of ``name`` (or as ``version``)."""
+    from workflows.executor import get_runtime
+
+    check_name(name, "name")
+    if not wasm:
+        raise InvalidInput("the module is empty", "wasm")
     try:
-        name_validator(value)
-    except Exception:
+        info = get_runtime().inspect(bytes(wasm))
+    except InvalidModule as exc:
+        raise InvalidInput(str(exc), "wasm") from None
+    if version is not None and version < 1:
+        raise InvalidInput("version must be a positive integer", "version")
+    _check_packet_size(len(wasm))
+    with tenant_context(tenant.id):
+        existing = WorkflowDefinition.objects.filter(tenant_id=tenant.id, name=name)
+        if version is None:
+            version = (existing.aggregate(v=Max("version"))["v"] or 0) + 1
+        elif existing.filter(version=version).exists():
+            raise Conflict(f"{name} version {version} is already deployed", "version")
+        fields: dict[str, Any] = {}
+        if retry_max_attempts is not None:
+            fields["retry_max_attempts"] = retry_max_attempts
+        return WorkflowDefinition.objects.create(
+            tenant=tenant,
+            name=name,
+            version=version,
+            wasm=bytes(wasm),
+            sha256=info.sha256,
+            size=info.size,
+            kind=info.kind,
+            abi_version=info.abi_version,
+            min_version=min_version,
+            entry_points=list(info.entry_points),
+            max_history_length=max_history_length,
+            **fields,
+        )
+
+
+def _check_packet_size(size: int) -> None:
+    """MySQL/MariaDB refuse a statement larger than ``max_allowed_packet`` by dropping the
+    connection ("server has gone away"); say so before trying. Python components are ~20 MB."""
+    from django.db import connection
+
+    if connection.vendor != "mysql":
+        return
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT @@max_allowed_packet")
+        limit = int(cursor.fetchone()[0])
+    if size + 1024 * 1024 > limit:
         raise InvalidInput(
-            f"{field_name} {value!r} is not a valid name: {name_validator.message}", field_name
-        ) from None
+            f"the module is {size} bytes but the database accepts statements up to {limit} "
+            "bytes: raise MariaDB/MySQL max_allowed_packet (e.g. to 256M)",
+            "wasm",
+        )
+
+
+def resolve_definition(
+    tenant: Tenant, name: str, *, version: int | None = None, tag: str | None = None
+) -> WorkflowDefinition:
+    """Explicit version, else a tag, else weighted routing rules, else the latest
+    non-deprecated version."""
+    defs = WorkflowDefinition.objects.filter(tenant_id=tenant.id, name=name).defer("wasm")
+    deployed = dict(defs.values_list("version", "deprecated"))
+    routed = 0
+    if deployed and version is None:
+        if tag:
+            pinned = VersionTag.objects.filter(tenant_id=tenant.id, name=name, tag=tag).first()
+            if pinned is None:
+                raise NotFound(f"{name} has no tag {tag!r}", field="tag")
+            version = pinned.version
+        else:
+            rules = list(RoutingRule.objects.filter(tenant_id=tenant.id, name=name, weight__gt=0))
+            if rules:
+                routed = random.choices(rules, weights=[r.weight for r in rules])[0].version
+    try:
+        chosen = choose_version(name, deployed, version=version, preferred=routed)
+    except NoSuchVersion as exc:
+        raise NotFound(exc.message, field=exc.field) from None
+    return defs.get(version=chosen)
+
+
+# --- one version ---------------------------------------------------------------------------------
 
 
 def get_definition(tenant: Tenant, name: str, version: int) -> WorkflowDefinition:
@@ -79,12 +171,6 @@ def active_runs(tenant: Tenant, definition: WorkflowDefinition) -> int:
     ).count()
 
 
-def _audit(tenant: Tenant, action: str, operator: str, reason: str, **detail: object) -> None:
-    AuditLog.objects.create(
-        tenant=tenant, action=action, operator=operator, reason=reason, detail=detail
-    )
-
-
 # --- deprecate / restore / purge -----------------------------------------------------------------
 
 
@@ -97,7 +183,9 @@ def deprecate_definition(
         if not definition.deprecated:
             WorkflowDefinition.objects.filter(id=definition.id).update(deprecated=True)
             definition.deprecated = True
-            _audit(tenant, "deprecate_definition", operator, reason, name=name, version=version)
+            AuditLog.record(
+                tenant, "deprecate_definition", operator, reason, name=name, version=version
+            )
     return definition
 
 
@@ -109,7 +197,9 @@ def restore_definition(
         if definition.deprecated:
             WorkflowDefinition.objects.filter(id=definition.id).update(deprecated=False)
             definition.deprecated = False
-            _audit(tenant, "restore_definition", operator, reason, name=name, version=version)
+            AuditLog.record(
+                tenant, "restore_definition", operator, reason, name=name, version=version
+            )
     return definition
 
 
@@ -148,7 +238,7 @@ def _purge(
     VersionTag.objects.filter(tenant_id=tenant.id, name=name, version=version).delete()
     RoutingRule.objects.filter(tenant_id=tenant.id, name=name, version=version).delete()
     WorkflowDefinition.objects.filter(id=definition.id).delete()
-    _audit(
+    AuditLog.record(
         tenant,
         "purge_definition",
         operator,
@@ -171,7 +261,7 @@ def list_tags(tenant: Tenant, name: str) -> list[VersionTag]:
 
 def set_tag(tenant: Tenant, name: str, tag: str, version: int, operator: str = "api") -> VersionTag:
     """Point ``tag`` at ``version`` (creating or moving it)."""
-    _check_name(tag, "tag")
+    check_name(tag, "tag")
     if len(tag) > 64:
         raise InvalidInput("tag must be at most 64 characters", "tag")
     with tenant_context(tenant.id):
@@ -179,7 +269,7 @@ def set_tag(tenant: Tenant, name: str, tag: str, version: int, operator: str = "
         pinned, _ = VersionTag.objects.update_or_create(
             tenant=tenant, name=name, tag=tag, defaults={"version": version}
         )
-        _audit(tenant, "set_tag", operator, "", name=name, tag=tag, version=version)
+        AuditLog.record(tenant, "set_tag", operator, "", name=name, tag=tag, version=version)
     return pinned
 
 
@@ -188,7 +278,7 @@ def remove_tag(tenant: Tenant, name: str, tag: str, operator: str = "api") -> No
         deleted, _ = VersionTag.objects.filter(tenant_id=tenant.id, name=name, tag=tag).delete()
         if not deleted:
             raise NotFound(f"{name} has no tag {tag!r}", "tag")
-        _audit(tenant, "remove_tag", operator, "", name=name, tag=tag)
+        AuditLog.record(tenant, "remove_tag", operator, "", name=name, tag=tag)
 
 
 def resolve_tag(tenant: Tenant, name: str, tag: str) -> WorkflowDefinition:
@@ -245,7 +335,7 @@ def set_routing_rules(
             RoutingRule.objects.create(tenant=tenant, name=name, version=version, weight=weight)
             for version, weight in rules
         ]
-        _audit(
+        AuditLog.record(
             tenant,
             "set_routing_rules",
             operator,

@@ -3,30 +3,32 @@ by anything else that executes runs (tests, the Celery dispatch mode)."""
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import datetime
+from typing import Any
 
-from django.db import InterfaceError, OperationalError, connection
+from django.db import DatabaseError, InterfaceError, OperationalError, connection
 
 from engine.errors import ErrorCode, FenceLost, InvalidModule
+from engine.lifecycle import outcome_kind
 from engine.runtime import WasmRuntime
 from engine.services import Services
 from engine.session import (
-    Completed,
-    ContinuedAsNew,
     Failed,
     RunInfo,
     SegmentResult,
-    Suspended,
     failed,
 )
+from engine.storage import RunRef
 from workflows.conf import cleat_settings
 from workflows.store.lifecycle import (
     Claim,
+    Finalized,
     LoadedRun,
     finalize_segment,
     load_run,
@@ -38,6 +40,16 @@ from workflows.store.storage import DjangoStorage
 log = logging.getLogger("cleat.worker")
 
 HOST_FAILURE_BACKOFF_S = 5.0
+
+# The connection to the database broke (killed backend, failover, network) or the server
+# gave up on the statement: the host's trouble, never the guest's. A run that meets one is
+# released on a new connection -- not finalized as failed, so it costs no attempt -- and is
+# due again after DATABASE_LOST_BACKOFF_S (not at once: a server that keeps refusing must not
+# spin the worker). The release itself is retried on a new connection after each pause of
+# RELEASE_RETRY_S; if the database stays away that long, the lease's expiry returns the run.
+DATABASE_LOST = (InterfaceError, OperationalError)
+DATABASE_LOST_BACKOFF_S = 1.0
+RELEASE_RETRY_S = (0.0, 0.2, 0.5, 1.0, 2.0)
 
 _runtime: WasmRuntime | None = None
 _services: Services | None = None
@@ -71,7 +83,9 @@ def set_services(services: Services | None) -> None:
 @dataclass(frozen=True)
 class SegmentReport:
     run_id: str
-    outcome: str  # completed, failed, suspended, continued, fence_lost, gone
+    # completed, failed, suspended, continued, fence_lost, gone; released, release_failed
+    # (the database connection was lost: see DATABASE_LOST)
+    outcome: str
     status: str
     steps: int
     replayed: int
@@ -82,8 +96,20 @@ class SegmentReport:
 def execute_claim(
     claim: Claim, worker_id: str, clock: Callable[[], datetime] | None = None
 ) -> SegmentReport:
-    """Run one claimed segment. ``clock`` replaces the wall clock (tests with virtual time)."""
+    """Run one claimed segment. ``clock`` replaces the wall clock (tests with virtual time).
+
+    A lost database connection anywhere in it (load, segment, finalize) releases the run on
+    a new connection instead of raising (see DATABASE_LOST)."""
     started = time.monotonic()
+    try:
+        return _execute_claim(claim, worker_id, clock, started)
+    except DATABASE_LOST as exc:
+        return _release_after_database_loss(claim, worker_id, exc, started)
+
+
+def _execute_claim(
+    claim: Claim, worker_id: str, clock: Callable[[], datetime] | None, started: float
+) -> SegmentReport:
     loaded = _load(claim, worker_id)
     if loaded is None:
         return SegmentReport(str(claim.id), "gone", "", 0, 0, 0.0)
@@ -105,18 +131,25 @@ def execute_claim(
         input=instance.input,
         start_ms=int(instance.created_at.timestamp() * 1000),
         entry_point=instance.entry_point,
+        min_version=loaded.min_version,
         max_history_events=loaded.max_history_length or None,
     )
-    storage = DjangoStorage(claim.tenant_id, clock)
+    storage = _WatchedStorage(DjangoStorage(claim.tenant_id, clock))
     engine_clock = (lambda: int(clock().timestamp() * 1000)) if clock else None
     try:
         result = runtime.run_segment(
             module, run, loaded.history, storage, get_services(), engine_clock
         )
-        finalized = finalize_segment(loaded.ref, result, clock() if clock else None)
+        if storage.lost is not None and _host_failure(result):
+            # The engine reports a storage exception as the run's `internal` failure; when
+            # it was the connection, the run is released instead (no attempt spent).
+            raise storage.lost
+        finalized = _finalize(loaded.ref, result, clock() if clock else None)
     except FenceLost as exc:
         log.info("event=fence_lost run=%s detail=%s", claim.id, exc)
         return SegmentReport(str(claim.id), "fence_lost", "", 0, 0, _ms(started), str(exc))
+    except DATABASE_LOST:
+        raise  # released on a new connection by execute_claim
     except Exception:
         log.exception("event=segment_error run=%s", claim.id)
         try:
@@ -126,18 +159,7 @@ def execute_claim(
         except Exception:
             log.exception("event=release_error run=%s", claim.id)
         raise
-    outcome = result.outcome
-    kind = {
-        Completed: "completed",
-        Failed: "failed",
-        Suspended: "suspended",
-        ContinuedAsNew: "continued",
-    }[type(outcome)]
-    detail = ""
-    if isinstance(outcome, Failed):
-        detail = f"{outcome.code.value}: {outcome.message[:200]}"
-    elif isinstance(outcome, Suspended):
-        detail = outcome.wait.describe()
+    kind, detail = outcome_kind(result.outcome)
     return SegmentReport(
         str(claim.id),
         kind,
@@ -163,6 +185,66 @@ def _load(claim: Claim, worker_id: str) -> LoadedRun | None:
         return load_run(claim, worker_id)
 
 
+class _WatchedStorage:
+    """The run's storage, remembering a lost connection that passed through it (the engine
+    turns any storage exception into an ``internal`` failure and keeps no trace of it)."""
+
+    def __init__(self, storage: DjangoStorage) -> None:
+        self._storage = storage
+        self.lost: DatabaseError | None = None
+
+    def __getattr__(self, name: str) -> Any:
+        found = getattr(self._storage, name)
+        if not callable(found):
+            return found
+
+        def watched(*args: Any, **kwargs: Any) -> Any:
+            try:
+                return found(*args, **kwargs)
+            except DATABASE_LOST as exc:
+                self.lost = exc
+                raise
+
+        return watched
+
+
+def _host_failure(result: SegmentResult) -> bool:
+    outcome = result.outcome
+    return isinstance(outcome, Failed) and outcome.code is ErrorCode.INTERNAL
+
+
+def _release_after_database_loss(
+    claim: Claim, worker_id: str, exc: DatabaseError, started: float
+) -> SegmentReport:
+    """Give the run back on a new connection (the thread's one is dead), retried a few
+    times; the run keeps its attempt count."""
+    log.warning("event=database_lost run=%s detail=%r (releasing the run)", claim.id, str(exc))
+    ref = RunRef(str(claim.tenant_id), "", str(claim.id), worker_id, claim.generation)
+    detail = f"database connection lost: {exc}"[:300]
+    for pause in RELEASE_RETRY_S:
+        time.sleep(pause)
+        _drop_connection()
+        try:
+            released = release(ref, delay_s=DATABASE_LOST_BACKOFF_S)
+        except DATABASE_LOST as again:
+            log.warning("event=release_retry run=%s detail=%r", claim.id, str(again))
+            continue
+        if not released:  # reaped or closed meanwhile: someone else's now
+            return SegmentReport(str(claim.id), "fence_lost", "", 0, 0, _ms(started), detail)
+        return SegmentReport(str(claim.id), "released", "ready", 0, 0, _ms(started), detail)
+    log.error("event=release_error run=%s (database still away; its lease returns it)", claim.id)
+    _drop_connection()
+    return SegmentReport(str(claim.id), "release_failed", "", 0, 0, _ms(started), detail)
+
+
+def _drop_connection() -> None:
+    """Close this thread's connection so the next query opens a new one (outside a
+    transaction only: inside one, Django must unwind it first)."""
+    if not connection.in_atomic_block:
+        with contextlib.suppress(DatabaseError):
+            connection.close()
+
+
 def _fail_unloadable(
     loaded: LoadedRun,
     exc: InvalidModule,
@@ -170,16 +252,45 @@ def _fail_unloadable(
     started: float,
 ) -> SegmentReport:
     outcome = failed(ErrorCode.INVALID_MODULE, f"the stored module cannot be loaded: {exc}")
+    kind, detail = outcome_kind(outcome)
     result = SegmentResult(outcome, (), (), dict(loaded.instance.query_state or {}), 0, 0)
     try:
-        finalized = finalize_segment(loaded.ref, result, clock() if clock else None)
+        finalized = _finalize(loaded.ref, result, clock() if clock else None)
     except FenceLost as lost:
         log.info("event=fence_lost run=%s detail=%s", loaded.claim.id, lost)
         return SegmentReport(str(loaded.claim.id), "fence_lost", "", 0, 0, _ms(started), str(lost))
-    detail = f"{outcome.code.value}: {outcome.message[:200]}"
-    return SegmentReport(
-        str(loaded.claim.id), "failed", finalized.status, 0, 0, _ms(started), detail
-    )
+    return SegmentReport(str(loaded.claim.id), kind, finalized.status, 0, 0, _ms(started), detail)
+
+
+# A deadlock victim's transaction is rolled back whole (InnoDB 1213, PostgreSQL 40P01), so the
+# fenced finalize, whose inputs are all in memory, can simply run again. On MariaDB a
+# finalize's row update and the heartbeat's UPDATE of the worker's rows (or a claim's locking
+# read) can deadlock under REPEATABLE READ's next-key locks; without this the run was released
+# and its segment made again.
+FINALIZE_DEADLOCK_RETRIES = 3
+
+
+def _finalize(ref: RunRef, result: SegmentResult, now: datetime | None) -> Finalized:
+    for attempt in range(FINALIZE_DEADLOCK_RETRIES + 1):
+        try:
+            return finalize_segment(ref, result, now)
+        except OperationalError as exc:
+            if (
+                not is_deadlock(exc)
+                or connection.in_atomic_block
+                or attempt == FINALIZE_DEADLOCK_RETRIES
+            ):
+                raise
+            log.warning("event=finalize_deadlock run=%s attempt=%d", ref.run_id, attempt + 1)
+            time.sleep(0.02 * (attempt + 1))
+    raise AssertionError("unreachable")  # the loop returns or raises
+
+
+def is_deadlock(exc: BaseException) -> bool:
+    """True for a deadlock the database resolved by rolling this transaction back."""
+    if exc.args and exc.args[0] == 1213:  # MySQL / MariaDB: ER_LOCK_DEADLOCK
+        return True
+    return getattr(exc.__cause__, "sqlstate", None) == "40P01"  # PostgreSQL
 
 
 def _ms(started: float) -> float:

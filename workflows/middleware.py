@@ -3,8 +3,10 @@
 Which tenant, for ``/admin/`` requests:
 
 * a **superuser** works in the tenant chosen in the session (``cleat_tenant``), else the
-  default tenant; ``?tenant=<id>`` on any console page switches (and is remembered), which is
-  what the instance list's tenant filter and the header's tenant switcher do;
+  default tenant; only the header's tenant switcher changes it, by a POST with a CSRF token
+  to ``console:switch_tenant``. A query string never switches: a link or an image on another
+  site (or in a run's input) must not move a superuser's console into another tenant, where
+  their next click would act;
 * a **staff user bound to a tenant** (``StaffTenant``) works in that tenant only: the session
   and the query string are ignored, so a crafted URL cannot reach another tenant;
 * any **other staff user** is refused (403): a console login that belongs to no tenant must
@@ -26,7 +28,6 @@ from workflows.models import DEFAULT_TENANT_ID, StaffTenant, Tenant
 from workflows.tenancy import tenant_context
 
 SESSION_KEY = "cleat_tenant"
-SWITCH_PARAMETER = "tenant"
 
 
 class TenantContextMiddleware:
@@ -61,13 +62,11 @@ def console_tenant(request: HttpRequest) -> Tenant | None:
     if user is None or not user.is_authenticated or not user.is_active:
         return _default_tenant()
     if user.is_superuser:
-        wanted = request.GET.get(SWITCH_PARAMETER) or request.session.get(SESSION_KEY)
+        wanted = request.session.get(SESSION_KEY)
         found = _tenant(wanted) if wanted else None
         if found is None:
             request.session.pop(SESSION_KEY, None)
             return _default_tenant()
-        if request.session.get(SESSION_KEY) != str(found.id):
-            request.session[SESSION_KEY] = str(found.id)
         return found
     if not user.is_staff:
         return _default_tenant()

@@ -15,22 +15,26 @@ import uuid
 from typing import Any
 
 from django.conf import settings
-from django.core.validators import MinValueValidator, RegexValidator
+from django.core.validators import MaxValueValidator, MinValueValidator, RegexValidator
 from django.db import models
 from django.utils import timezone
 
 from engine.errors import ErrorCode
-from engine.events import EventType
+from engine.events import EncodedEvent, EventType
+from engine.lifecycle import RetryPolicy
+from workflows.tenancy import of_tenant
 
 DEFAULT_TENANT_ID = uuid.UUID("00000000-0000-0000-0000-000000000000")
 
+# The rule for workflow, schedule and tag names; the API's serializers match the same pattern.
+NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,127}$"
 name_validator = RegexValidator(
-    r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,127}$",
+    NAME_PATTERN,
     "Use 1-128 letters, digits, '.', '_' or '-', starting with a letter or digit.",
 )
 
 
-class Status(models.TextChoices):
+class RunStatus(models.TextChoices):
     READY = "ready", "ready"
     RUNNING = "running", "running"
     DONE = "done", "done"
@@ -40,8 +44,10 @@ class Status(models.TextChoices):
     PAUSED = "paused", "paused"
 
 
-TERMINAL_STATUSES = frozenset({Status.DONE, Status.FAILED, Status.DEAD_LETTERED, Status.TERMINATED})
-ACTIVE_STATUSES = frozenset({Status.READY, Status.RUNNING, Status.PAUSED})
+TERMINAL_STATUSES = frozenset(
+    {RunStatus.DONE, RunStatus.FAILED, RunStatus.DEAD_LETTERED, RunStatus.TERMINATED}
+)
+ACTIVE_STATUSES = frozenset({RunStatus.READY, RunStatus.RUNNING, RunStatus.PAUSED})
 
 ERROR_CODE_CHOICES = [(c.value, c.value) for c in ErrorCode]
 EVENT_TYPE_CHOICES = [(t.code, t.value) for t in EventType]
@@ -73,7 +79,20 @@ class Tenant(models.Model):
     schedule_quota = models.PositiveIntegerField(
         default=100, help_text="Most schedules this tenant may hold (workflows and API alike)."
     )
-    is_active = models.BooleanField(default=True)
+    is_active = models.BooleanField(
+        default=True,
+        help_text="Deactivate (the tenant admin's action) to pause every run and schedule.",
+    )
+    max_running = models.PositiveIntegerField(
+        null=True,
+        blank=True,
+        validators=[MinValueValidator(1)],
+        verbose_name="most running runs",
+        help_text="Most runs of this tenant running at once (empty: CLEAT_TENANT_MAX_RUNNING).",
+    )
+    # When a claim last handed out one of its runs: claims serve the tenant waiting longest
+    # first, so no tenant's backlog starves another (see store/lifecycle.py).
+    last_claimed_at = models.DateTimeField(null=True, blank=True, editable=False)
     created_at = models.DateTimeField(default=timezone.now)
 
     class Meta:
@@ -81,6 +100,13 @@ class Tenant(models.Model):
 
     def __str__(self) -> str:
         return self.name
+
+
+# A run's priority orders the runs of its own tenant (claims take turns between tenants).
+# Bounded, so a start cannot claim an urgency no other run can match; API keys are held to
+# their role's share of it (CLEAT_PRIORITY_MAX_BY_ROLE).
+PRIORITY_MIN = -100
+PRIORITY_MAX = 100
 
 
 class TenantScoped(models.Model):
@@ -169,12 +195,15 @@ class WorkflowDefinition(TenantScoped):
     def __str__(self) -> str:
         return f"{self.name} v{self.version}"
 
-    def retry_delay_s(self, attempt: int) -> float:
-        """Backoff before retry ``attempt`` (1-based)."""
-        delay = self.retry_initial_interval_s * self.retry_backoff_coefficient ** max(
-            0, attempt - 1
+    @property
+    def retry_policy(self) -> RetryPolicy:
+        """The policy :mod:`engine.lifecycle` retries a retryable failure of a run with."""
+        return RetryPolicy(
+            max_attempts=self.retry_max_attempts,
+            initial_interval_s=self.retry_initial_interval_s,
+            backoff_coefficient=self.retry_backoff_coefficient,
+            max_interval_s=self.retry_max_interval_s,
         )
-        return min(delay, self.retry_max_interval_s)
 
 
 class VersionTag(TenantScoped):
@@ -215,7 +244,7 @@ class WorkflowInstance(TenantScoped):
     definition_name = models.CharField(max_length=128)
     definition_version = models.PositiveIntegerField()
     entry_point = models.CharField(max_length=128, default="run")
-    status = models.CharField(max_length=16, choices=Status.choices, default=Status.READY)
+    status = models.CharField(max_length=16, choices=RunStatus.choices, default=RunStatus.READY)
     input = models.TextField(default="null")
     result = models.TextField(null=True, blank=True)
     error = models.TextField(null=True, blank=True)
@@ -227,7 +256,9 @@ class WorkflowInstance(TenantScoped):
     heartbeat_at = models.DateTimeField(null=True, blank=True)
     # Due when next_wake_at <= now; NULL while waiting for something to wake it.
     next_wake_at = models.DateTimeField(null=True, blank=True, default=timezone.now)
-    priority = models.IntegerField(default=0)
+    priority = models.IntegerField(
+        default=0, validators=[MinValueValidator(PRIORITY_MIN), MaxValueValidator(PRIORITY_MAX)]
+    )
     task_queue = models.CharField(max_length=64, default="default")
     sticky_worker = models.CharField(max_length=128, null=True, blank=True)
     parent = models.ForeignKey(
@@ -250,6 +281,9 @@ class WorkflowInstance(TenantScoped):
     attempt = models.PositiveIntegerField(default=1, help_text="Segment attempt after failures.")
     waiting_on = models.JSONField(null=True, blank=True)
     paused_from = models.CharField(max_length=16, null=True, blank=True)
+    # Paused because its tenant was deactivated (reactivation resumes these, and only these:
+    # a run an operator paused stays paused).
+    paused_by_deactivation = models.BooleanField(default=False)
     created_at = models.DateTimeField(default=timezone.now)
     updated_at = models.DateTimeField(auto_now=True)
     started_at = models.DateTimeField(null=True, blank=True)
@@ -268,6 +302,11 @@ class WorkflowInstance(TenantScoped):
             models.Index(fields=["status", "task_queue", "next_wake_at"], name="instance_due"),
             models.Index(fields=["tenant", "status", "created_at"], name="instance_listing"),
             models.Index(fields=["assigned_to", "status"], name="instance_owner"),
+            # A claim's per-tenant turn: that tenant's due runs, most urgent first.
+            models.Index(
+                fields=["tenant", "status", "task_queue", "-priority", "next_wake_at"],
+                name="instance_tenant_due",
+            ),
         ]
         ordering = ["-created_at"]
 
@@ -304,6 +343,17 @@ class WorkflowEvent(TenantScoped):
 
     def __str__(self) -> str:
         return f"{self.instance_id}#{self.step}"
+
+    @classmethod
+    def history(cls, tenant_id: uuid.UUID, instance_id: uuid.UUID | str) -> list[EncodedEvent]:
+        """The run's stored events in step order, as the engine's codec reads them."""
+        return [
+            EncodedEvent(*row)
+            for row in of_tenant(cls, tenant_id)
+            .filter(instance_id=instance_id)
+            .order_by("step")
+            .values_list("step", "type_code", "timestamp_ms", "payload", "checksum")
+        ]
 
     @property
     def event_type(self) -> str:
@@ -377,6 +427,8 @@ class ConcurrencyKey(TenantScoped):
         constraints = [
             models.UniqueConstraint(fields=["tenant", "key"], name="concurrency_key_unique")
         ]
+        # A run's end releases every lock its workflow holds.
+        indexes = [models.Index(fields=["tenant", "holder"], name="concurrency_key_holder")]
 
 
 class WorkflowState(TenantScoped):
@@ -439,6 +491,28 @@ class AuditLog(TenantScoped):
     def __str__(self) -> str:
         return f"{self.action} by {self.operator}"
 
+    @classmethod
+    def record(
+        cls,
+        tenant: Tenant,
+        action: str,
+        operator: str,
+        reason: str = "",
+        *,
+        instance: WorkflowInstance | None = None,
+        **detail: Any,
+    ) -> AuditLog:
+        """The audit row of a change, written in the caller's transaction so that it exists
+        exactly when the change does."""
+        return cls.objects.create(
+            tenant=tenant,
+            instance=instance,
+            action=action,
+            operator=operator,
+            reason=reason,
+            detail=detail,
+        )
+
 
 def instance_summary(instance: WorkflowInstance) -> dict[str, Any]:
     """The JSON shape of an instance shared by commands and the API."""
@@ -461,6 +535,28 @@ def instance_summary(instance: WorkflowInstance) -> dict[str, Any]:
         "created_at": instance.created_at.isoformat(),
         "completed_at": instance.completed_at.isoformat() if instance.completed_at else None,
     }
+
+
+def continue_chain(
+    instance: WorkflowInstance, *, limit: int, backward: bool = False
+) -> list[WorkflowInstance]:
+    """The runs continue-as-new links ``instance`` to, nearest first: the runs it was
+    continued as, or with ``backward`` the runs it continues; at most ``limit`` of them."""
+    found: list[WorkflowInstance] = []
+    current = instance
+    while len(found) < limit:
+        if backward:
+            if not current.continued_from_id:
+                break
+            link = models.Q(id=current.continued_from_id)
+        else:
+            link = models.Q(continued_from_id=current.id)
+        linked = of_tenant(WorkflowInstance, instance.tenant_id).filter(link).first()
+        if linked is None:
+            break
+        found.append(linked)
+        current = linked
+    return found
 
 
 def _continued_as(instance: WorkflowInstance) -> str | None:

@@ -9,29 +9,30 @@ to, and (for bad input) the offending ``field``.
 from __future__ import annotations
 
 import json
-import random
 import time
 import uuid
 from typing import Any
 
+from django.conf import settings
+from django.core.exceptions import ValidationError
 from django.db import IntegrityError, transaction
-from django.db.models import F, Max
+from django.db.models import F
 from django.utils import timezone
 
-from engine.errors import ErrorCode, InvalidModule
+from engine import lifecycle
+from engine.errors import ErrorCode
 from engine.events import AdminActionEvent, encode
 from engine.storable import json_text_fault
 from workflows.models import (
+    PRIORITY_MAX,
+    PRIORITY_MIN,
     TERMINAL_STATUSES,
     AuditLog,
     Promise,
-    RoutingRule,
+    RunStatus,
     Signal,
-    Status,
     Tenant,
     UpdateRequest,
-    VersionTag,
-    WorkflowDefinition,
     WorkflowEvent,
     WorkflowInstance,
     name_validator,
@@ -126,10 +127,11 @@ def json_text(value: Any, field: str) -> str:
     return text
 
 
-def _validate_name(value: str, field: str) -> None:
+def check_name(value: str, field: str) -> None:
+    """Refuse a workflow, schedule or tag name that breaks :data:`workflows.models.NAME_PATTERN`."""
     try:
         name_validator(value)
-    except Exception:
+    except ValidationError:
         raise InvalidInput(
             f"{field} {value!r} is not a valid name: {name_validator.message}", field
         ) from None
@@ -151,106 +153,6 @@ def get_instance(
     return found
 
 
-# --- definitions ---------------------------------------------------------------------------------
-
-
-def deploy_definition(
-    tenant: Tenant,
-    name: str,
-    wasm: bytes,
-    *,
-    version: int | None = None,
-    min_version: int = 0,
-    max_history_length: int = 0,
-    retry_max_attempts: int | None = None,
-) -> WorkflowDefinition:
-    """Validate ``wasm`` with wasmtime (refused with its reason) and store it as the next
-    version of ``name`` (or as ``version``)."""
-    from workflows.executor import get_runtime
-
-    _validate_name(name, "name")
-    if not wasm:
-        raise InvalidInput("the module is empty", "wasm")
-    try:
-        info = get_runtime().inspect(bytes(wasm))
-    except InvalidModule as exc:
-        raise InvalidInput(str(exc), "wasm") from None
-    if version is not None and version < 1:
-        raise InvalidInput("version must be a positive integer", "version")
-    _check_packet_size(len(wasm))
-    with tenant_context(tenant.id):
-        existing = WorkflowDefinition.objects.filter(tenant_id=tenant.id, name=name)
-        if version is None:
-            version = (existing.aggregate(v=Max("version"))["v"] or 0) + 1
-        elif existing.filter(version=version).exists():
-            raise Conflict(f"{name} version {version} is already deployed", "version")
-        fields: dict[str, Any] = {}
-        if retry_max_attempts is not None:
-            fields["retry_max_attempts"] = retry_max_attempts
-        return WorkflowDefinition.objects.create(
-            tenant=tenant,
-            name=name,
-            version=version,
-            wasm=bytes(wasm),
-            sha256=info.sha256,
-            size=info.size,
-            kind=info.kind,
-            abi_version=info.abi_version,
-            min_version=min_version,
-            entry_points=list(info.entry_points),
-            max_history_length=max_history_length,
-            **fields,
-        )
-
-
-def _check_packet_size(size: int) -> None:
-    """MySQL/MariaDB refuse a statement larger than ``max_allowed_packet`` by dropping the
-    connection ("server has gone away"); say so before trying. Python components are ~20 MB."""
-    from django.db import connection
-
-    if connection.vendor != "mysql":
-        return
-    with connection.cursor() as cursor:
-        cursor.execute("SELECT @@max_allowed_packet")
-        limit = int(cursor.fetchone()[0])
-    if size + 1024 * 1024 > limit:
-        raise InvalidInput(
-            f"the module is {size} bytes but the database accepts statements up to {limit} "
-            "bytes: raise MariaDB/MySQL max_allowed_packet (e.g. to 256M)",
-            "wasm",
-        )
-
-
-def resolve_definition(
-    tenant: Tenant, name: str, *, version: int | None = None, tag: str | None = None
-) -> WorkflowDefinition:
-    """Explicit version, else a tag, else weighted routing rules, else the latest
-    non-deprecated version."""
-    defs = WorkflowDefinition.objects.filter(tenant_id=tenant.id, name=name).defer("wasm")
-    if not defs.exists():
-        raise NotFound(f"no workflow definition named {name!r}", field="definition")
-    if version is not None:
-        found = defs.filter(version=version).first()
-        if found is None:
-            raise NotFound(f"{name} has no version {version}", field="version")
-        return found
-    if tag:
-        pinned = VersionTag.objects.filter(tenant_id=tenant.id, name=name, tag=tag).first()
-        if pinned is None:
-            raise NotFound(f"{name} has no tag {tag!r}", field="tag")
-        return resolve_definition(tenant, name, version=pinned.version)
-    rules = list(RoutingRule.objects.filter(tenant_id=tenant.id, name=name, weight__gt=0))
-    if rules:
-        chosen = random.choices(rules, weights=[r.weight for r in rules])[0]
-        found = defs.filter(version=chosen.version).first()
-        if found is not None:
-            return found
-    latest = defs.filter(deprecated=False).order_by("-version").first()
-    if latest is None:
-        raise NotFound(f"every version of {name} is deprecated", field="definition")
-    return latest
-
-
 # --- runs ---
 
 
@@ -266,15 +168,21 @@ def start_workflow(
     task_queue: str = "default",
     workflow_id: str | None = None,
     entry_point: str = "run",
+    max_priority: int = PRIORITY_MAX,
 ) -> tuple[WorkflowInstance, bool]:
-    """Start a run. A repeated ``idempotency_key`` returns the existing run (created=False)."""
+    """Start a run. A repeated ``idempotency_key`` returns the existing run (created=False).
+    ``max_priority`` is the caller's ceiling (an API key's role: :func:`priority_ceiling`)."""
     text = json_text(input, "input")
+    check_priority(priority, max_priority)
     if idempotency_key is not None and not (0 < len(idempotency_key) <= 255):
         raise InvalidInput("idempotency_key must be 1-255 characters", "idempotency_key")
     if not task_queue or len(task_queue) > 64:
         raise InvalidInput("task_queue must be 1-64 characters", "task_queue")
     if workflow_id is not None and not (0 < len(workflow_id) <= 128):
         raise InvalidInput("workflow_id must be 1-128 characters", "workflow_id")
+    # Imported here: definitions raises this module's errors, so it imports this module.
+    from workflows.definitions import resolve_definition
+
     with tenant_context(tenant.id):
         if idempotency_key:
             existing = WorkflowInstance.objects.filter(
@@ -316,6 +224,29 @@ def start_workflow(
     return instance, True
 
 
+def priority_ceiling(role: str) -> int:
+    """The highest priority a caller of ``role`` may give a run (CLEAT_PRIORITY_MAX_BY_ROLE;
+    a role it does not name gets the default priority, 0, at most)."""
+    ceilings = getattr(settings, "CLEAT_PRIORITY_MAX_BY_ROLE", None) or {}
+    return min(PRIORITY_MAX, int(ceilings.get(str(role), 0)))
+
+
+def check_priority(priority: Any, max_priority: int = PRIORITY_MAX) -> None:
+    """Priorities order a tenant's own runs within -100..100, up to the caller's ceiling."""
+    if isinstance(priority, bool) or not isinstance(priority, int):
+        raise InvalidInput("priority must be an integer", "priority")
+    if not PRIORITY_MIN <= priority <= PRIORITY_MAX:
+        raise InvalidInput(
+            f"priority must be between {PRIORITY_MIN} and {PRIORITY_MAX}, not {priority}",
+            "priority",
+        )
+    if priority > max_priority:
+        raise InvalidInput(
+            f"priority {priority} is above the {max_priority} these credentials may give",
+            "priority",
+        )
+
+
 def signal_workflow(
     tenant: Tenant,
     run_id: str,
@@ -341,14 +272,7 @@ def signal_workflow(
             tenant=tenant, instance=instance, name=name, payload=text, sender=operator or "api"
         )
         if operator is not None:
-            AuditLog.objects.create(
-                tenant=tenant,
-                instance=instance,
-                action="signal",
-                operator=operator,
-                reason=reason,
-                detail={"name": name},
-            )
+            AuditLog.record(tenant, "signal", operator, reason, instance=instance, name=name)
         wake.after_commit(tenant.id, instance.id)
     return signal
 
@@ -363,14 +287,7 @@ def _audit(
 ) -> None:
     """The audit row and an ``admin_action`` event in the run's history, in the caller's
     transaction (so they exist exactly when the change does)."""
-    AuditLog.objects.create(
-        tenant=tenant,
-        instance=instance,
-        action=action,
-        operator=operator,
-        reason=reason,
-        detail=detail or {},
-    )
+    AuditLog.record(tenant, action, operator, reason, instance=instance, **(detail or {}))
     step = instance.event_count
     stored = encode(
         AdminActionEvent(
@@ -398,19 +315,23 @@ def _check_generation(instance: WorkflowInstance, generation: int | None) -> Non
         )
 
 
+def _refuse_close(action: str, instance: WorkflowInstance) -> None:
+    """A Conflict when the run's status does not allow ``action`` (the lifecycle's rule)."""
+    refusal = lifecycle.close_refusal(action, instance.status)
+    if refusal is not None:
+        raise Conflict(f"run {instance.id} is {refusal}", "run_id")
+
+
 def cancel_workflow(
     tenant: Tenant, run_id: str, reason: str = "", operator: str = "api"
 ) -> WorkflowInstance:
     with tenant_context(tenant.id):
         instance = get_instance(tenant, run_id, lock=True)
-        if instance.is_terminal:
-            raise Conflict(f"run {run_id} is already {instance.status}", "run_id")
+        _refuse_close("cancel", instance)
         instance.cancel_requested = True
         instance.cancel_reason = reason or f"cancelled by {operator}"
         instance.save(update_fields=["cancel_requested", "cancel_reason", "updated_at"])
-        AuditLog.objects.create(
-            tenant=tenant, instance=instance, action="cancel", operator=operator, reason=reason
-        )
+        AuditLog.record(tenant, "cancel", operator, reason, instance=instance)
         wake.after_commit(tenant.id, instance.id)
     return instance
 
@@ -420,8 +341,7 @@ def terminate_workflow(
 ) -> WorkflowInstance:
     with tenant_context(tenant.id):
         instance = get_instance(tenant, run_id, lock=True)
-        if instance.is_terminal:
-            raise Conflict(f"run {run_id} is already {instance.status}", "run_id")
+        _refuse_close("terminate", instance)
         _audit(tenant, instance, "terminate", operator, reason)
         terminate_instance(instance, reason or f"terminated by {operator}", timezone.now())
     return instance
@@ -432,12 +352,15 @@ def pause_workflow(
 ) -> WorkflowInstance:
     with tenant_context(tenant.id):
         instance = get_instance(tenant, run_id, lock=True)
-        if instance.status != Status.READY:
+        if instance.status != RunStatus.READY:
             raise Conflict(
                 f"only a ready run can be paused; {run_id} is {instance.status}", "run_id"
             )
-        instance.paused_from, instance.status = instance.status, Status.PAUSED
-        instance.save(update_fields=["status", "paused_from", "updated_at"])
+        instance.paused_from, instance.status = instance.status, RunStatus.PAUSED
+        instance.paused_by_deactivation = False  # the operator's: reactivation leaves it
+        instance.save(
+            update_fields=["status", "paused_from", "paused_by_deactivation", "updated_at"]
+        )
         # Ready, so no worker holds it: the history can take an annotation (replay skips it).
         _audit(tenant, instance, "pause", operator, reason)
     return instance
@@ -448,11 +371,20 @@ def resume_workflow(
 ) -> WorkflowInstance:
     with tenant_context(tenant.id):
         instance = get_instance(tenant, run_id, lock=True)
-        if instance.status != Status.PAUSED:
+        if instance.status != RunStatus.PAUSED:
             raise Conflict(f"run {run_id} is not paused (it is {instance.status})", "run_id")
-        instance.status, instance.paused_from = Status.READY, None
+        instance.status, instance.paused_from = RunStatus.READY, None
+        instance.paused_by_deactivation = False
         instance.next_wake_at = timezone.now()
-        instance.save(update_fields=["status", "paused_from", "next_wake_at", "updated_at"])
+        instance.save(
+            update_fields=[
+                "status",
+                "paused_from",
+                "paused_by_deactivation",
+                "next_wake_at",
+                "updated_at",
+            ]
+        )
         _audit(tenant, instance, "resume", operator, reason)
         wake.notify_after_commit()
     return instance
@@ -464,7 +396,7 @@ def retry_workflow(
     """Move a dead-lettered (or failed) run back to ready; it replays its history."""
     with tenant_context(tenant.id):
         instance = get_instance(tenant, run_id, lock=True)
-        if instance.status not in (Status.DEAD_LETTERED, Status.FAILED):
+        if instance.status not in (RunStatus.DEAD_LETTERED, RunStatus.FAILED):
             raise Conflict(
                 f"only failed or dead-lettered runs can be retried; {run_id} is {instance.status}",
                 "run_id",
@@ -484,7 +416,7 @@ def retry_workflow(
 
 def _reopen(instance: WorkflowInstance) -> None:
     WorkflowInstance.objects.filter(id=instance.id).update(
-        status=Status.READY,
+        status=RunStatus.READY,
         error=None,
         error_code=None,
         assigned_to=None,
@@ -510,11 +442,13 @@ def force_complete(
     with tenant_context(tenant.id):
         instance = get_instance(tenant, run_id, lock=True)
         _check_generation(instance, generation)
-        if instance.status == Status.DONE:
-            raise Conflict(f"run {run_id} is already done", "run_id")
+        _refuse_close("force_complete", instance)
         _audit(tenant, instance, "force_complete", operator, reason)
         close_instance(
-            instance, Status.DONE, timezone.now(), result=text, error=None, error_code=None
+            instance,
+            "force_complete",
+            lifecycle.force_complete(instance.workflow_id, text),
+            timezone.now(),
         )
     return instance
 
@@ -535,10 +469,14 @@ def force_fail(
     with tenant_context(tenant.id):
         instance = get_instance(tenant, run_id, lock=True)
         _check_generation(instance, generation)
-        if instance.is_terminal:
-            raise Conflict(f"run {run_id} is already {instance.status}", "run_id")
+        _refuse_close("force_fail", instance)
         _audit(tenant, instance, "force_fail", operator, reason, {"code": code})
-        close_instance(instance, Status.FAILED, timezone.now(), error=message, error_code=code)
+        close_instance(
+            instance,
+            "force_fail",
+            lifecycle.force_fail(instance.workflow_id, message, code),
+            timezone.now(),
+        )
     return instance
 
 
@@ -549,13 +487,81 @@ def re_replay(
     with tenant_context(tenant.id):
         instance = get_instance(tenant, run_id, lock=True)
         _check_generation(instance, generation)
-        if instance.status in (Status.RUNNING, Status.PAUSED):
+        if instance.status in (RunStatus.RUNNING, RunStatus.PAUSED):
             raise Conflict(
                 f"run {run_id} is {instance.status}; re-replay needs a settled run", "run_id"
             )
         _audit(tenant, instance, "re_replay", operator, reason)
         _reopen(instance)
     return instance
+
+
+# --- tenants ------------------------------------------------------------------------------------
+
+# Runs a deactivation pauses: everything not ended, whatever it waits for.
+_PAUSABLE = (RunStatus.READY, RunStatus.RUNNING)
+
+
+def deactivate_tenant(tenant: Tenant, operator: str, reason: str = "") -> int:
+    """Deactivate a tenant: its API keys and console stop working (they check the flag), its
+    schedules stop firing and its invocations stop being delivered (their due reads skip
+    inactive tenants), and every ready or running run is paused -- a running one is fenced
+    out of its worker (generation bump), so its segment writes nothing more and calls no
+    further service. Claims never hand out a run of an inactive tenant either, so a run
+    started in the meantime (a child) waits too. Returns how many runs were paused."""
+    tenant = Tenant.objects.get(id=tenant.id)  # the current flag, not the caller's copy
+    if not tenant.is_active:
+        raise Conflict(f"tenant {tenant.name!r} is already deactivated", "tenant")
+    now = timezone.now()
+    with tenant_context(tenant.id):
+        Tenant.objects.filter(id=tenant.id).update(is_active=False)
+        runs = WorkflowInstance.objects.filter(tenant_id=tenant.id, status__in=_PAUSABLE)
+        paused = runs.update(
+            paused_from=RunStatus.READY,
+            status=RunStatus.PAUSED,
+            paused_by_deactivation=True,
+            assigned_to=None,
+            generation=F("generation") + 1,
+            updated_at=now,
+        )
+        AuditLog.objects.create(
+            tenant=tenant,
+            action="deactivate_tenant",
+            operator=operator,
+            reason=reason,
+            detail={"paused_runs": paused},
+        )
+    return paused
+
+
+def reactivate_tenant(tenant: Tenant, operator: str, reason: str = "") -> int:
+    """Reactivate a tenant: the runs its deactivation paused are ready and due again (a run
+    an operator paused stays paused); schedules fire again from their next instant (under
+    their misfire policy). Returns how many runs were resumed."""
+    tenant = Tenant.objects.get(id=tenant.id)
+    if tenant.is_active:
+        raise Conflict(f"tenant {tenant.name!r} is active", "tenant")
+    now = timezone.now()
+    with tenant_context(tenant.id):
+        Tenant.objects.filter(id=tenant.id).update(is_active=True)
+        resumed = WorkflowInstance.objects.filter(
+            tenant_id=tenant.id, status=RunStatus.PAUSED, paused_by_deactivation=True
+        ).update(
+            status=RunStatus.READY,
+            paused_from=None,
+            paused_by_deactivation=False,
+            next_wake_at=now,
+            updated_at=now,
+        )
+        AuditLog.objects.create(
+            tenant=tenant,
+            action="reactivate_tenant",
+            operator=operator,
+            reason=reason,
+            detail={"resumed_runs": resumed},
+        )
+        wake.notify_after_commit()
+    return resumed
 
 
 def settle_promise(

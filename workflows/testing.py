@@ -15,24 +15,46 @@ from typing import Any
 from django.utils import timezone
 
 from engine.events import EncodedEvent, Event, decode
+from engine.lifecycle import RetryPolicy
 from engine.services import Services
 from engine.testing import RecordingCaller
 from workflows import services as svc
+from workflows.definitions import deploy_definition
 from workflows.executor import execute_claim, set_services
-from workflows.models import Tenant, WorkflowEvent, WorkflowInstance, instance_summary
+from workflows.models import (
+    Tenant,
+    UpdateRequest,
+    WorkflowDefinition,
+    WorkflowEvent,
+    WorkflowInstance,
+    continue_chain,
+    instance_summary,
+)
 from workflows.store.lifecycle import claim_ready_instances
 from workflows.tenancy import tenant_context
 
 
 class VirtualClock:
     """Real time plus an offset the test advances: never behind the database's own
-    ``now()`` (rows the services create are due at real time), ahead of it on demand."""
+    ``now()`` (rows the services create are due at real time), ahead of it on demand.
 
-    def __init__(self) -> None:
+    ``controlled``: time moves only when the test says so, as in ``engine.testing``. It
+    starts a day ahead of the wall clock, so it is still never behind the rows the services
+    write with the database's ``now()`` (a signal delivered is due at once) while the test
+    lasts, and a backoff or a timer falls due exactly when the test has advanced past it,
+    not a little earlier because the test itself took time. Whatever reads the wall clock
+    instead (a worker started by the test, a claim at ``timezone.now()``) is then a day
+    behind the runs."""
+
+    LEAD = timedelta(days=1)
+
+    def __init__(self, controlled: bool = False) -> None:
+        self.controlled = controlled
+        self.start = timezone.now() + self.LEAD if controlled else None
         self.offset = timedelta(0)
 
     def now(self) -> datetime:
-        return timezone.now() + self.offset
+        return (self.start or timezone.now()) + self.offset
 
     def advance(self, delta: timedelta) -> None:
         self.offset += delta
@@ -46,9 +68,10 @@ class DatabaseWorkflowEnvironment:
         *,
         worker_id: str = "test-db-worker",
         plugins: Mapping[str, Any] | None = None,
+        controlled_clock: bool = False,
     ) -> None:
         self.tenant = tenant
-        self.clock = VirtualClock()
+        self.clock = VirtualClock(controlled_clock)
         self.services = Services.from_settings(services, plugins=plugins)
         self.caller = RecordingCaller(self.services.caller)
         self.services.caller = self.caller
@@ -61,12 +84,45 @@ class DatabaseWorkflowEnvironment:
 
     # --- definitions and runs ----------------------------------------------------------------
 
-    def deploy(self, name: str, wasm: bytes, version: int | None = None) -> int:
-        return svc.deploy_definition(self.tenant, name, wasm, version=version).version
+    def deploy(
+        self,
+        name: str,
+        wasm: bytes,
+        version: int | None = None,
+        *,
+        min_version: int = 0,
+        max_history_length: int = 0,
+        retry: RetryPolicy | None = None,
+    ) -> int:
+        """As :meth:`engine.testing.WorkflowEnvironment.deploy`: the declared minimum
+        version, the history cap and the retry policy are the definition's."""
+        definition = deploy_definition(
+            self.tenant,
+            name,
+            wasm,
+            version=version,
+            min_version=min_version,
+            max_history_length=max_history_length,
+        )
+        if retry is not None:
+            with tenant_context(self.tenant.id):
+                WorkflowDefinition.objects.filter(id=definition.id).update(
+                    retry_max_attempts=retry.max_attempts,
+                    retry_initial_interval_s=retry.initial_interval_s,
+                    retry_backoff_coefficient=retry.backoff_coefficient,
+                    retry_max_interval_s=retry.max_interval_s,
+                )
+        return definition.version
 
     def start(self, name: str, input: Any = None, *, version: int | None = None, **kw: Any) -> str:
         text = input if isinstance(input, str) else json.dumps(input)
         instance, _ = svc.start_workflow(self.tenant, name, text, version=version, **kw)
+        if self.clock.controlled:
+            # Started at the virtual time: the run's own clock begins at its creation.
+            with tenant_context(self.tenant.id):
+                WorkflowInstance.objects.filter(id=instance.id).update(
+                    created_at=self.clock.now(), next_wake_at=self.clock.now()
+                )
         return str(instance.id)
 
     def run(self, name: str, input: Any = None, **kw: Any) -> str:
@@ -105,7 +161,13 @@ class DatabaseWorkflowEnvironment:
         svc.cancel_workflow(self.tenant, run_id, reason)
 
     def terminate(self, run_id: str, reason: str = "terminated by test") -> None:
-        svc.terminate_workflow(self.tenant, run_id, reason)
+        svc.terminate_workflow(self.tenant, run_id, reason, operator="test")
+
+    def force_complete(self, run_id: str, result: Any = None) -> None:
+        svc.force_complete(self.tenant, run_id, None, result, operator="test")
+
+    def force_fail(self, run_id: str, message: str, code: str = "error") -> None:
+        svc.force_fail(self.tenant, run_id, None, message, code, operator="test")
 
     def resolve_promise(self, promise_id: str, value: Any) -> None:
         svc.settle_promise(self.tenant, promise_id, value=value)
@@ -115,6 +177,11 @@ class DatabaseWorkflowEnvironment:
 
     def update(self, run_id: str, name: str, payload: Any = None) -> str:
         return str(svc.send_update(self.tenant, run_id, name, payload).id)
+
+    def update_result(self, update_id: str) -> tuple[str, str]:
+        with tenant_context(self.tenant.id):
+            update = UpdateRequest.objects.get(id=update_id)
+        return update.status, update.result
 
     # --- inspecting -----------------------------------------------------------------------------
 
@@ -130,12 +197,10 @@ class DatabaseWorkflowEnvironment:
         return self._instance(run_id).status
 
     def latest_run(self, run_id: str) -> str:
-        current = run_id
-        while True:
-            successor = self.describe(current)["continued_as"]
-            if not successor:
-                return current
-            current = successor
+        """The last run of ``run_id``'s continue-as-new chain (``run_id`` itself if none)."""
+        with tenant_context(self.tenant.id):
+            chain = continue_chain(self._instance(run_id), limit=10_000)
+        return str(chain[-1].id) if chain else run_id
 
     def result(self, run_id: str) -> Any:
         info = self.describe(self.latest_run(run_id))
@@ -147,12 +212,7 @@ class DatabaseWorkflowEnvironment:
 
     def stored_history(self, run_id: str) -> list[EncodedEvent]:
         with tenant_context(self.tenant.id):
-            rows = (
-                WorkflowEvent.objects.filter(instance_id=run_id)
-                .order_by("step")
-                .values_list("step", "type_code", "timestamp_ms", "payload", "checksum")
-            )
-            return [EncodedEvent(*row) for row in rows]
+            return WorkflowEvent.history(self.tenant.id, run_id)
 
     def history(self, run_id: str) -> list[Event]:
         return [decode(e) for e in self.stored_history(run_id)]

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from html import escape
 
 from engine.events import (
@@ -49,7 +49,8 @@ from engine.events import (
     UpdateAppliedEvent,
     decode,
 )
-from engine.status import Status
+from engine.status import AbiStatus
+from workflows.redaction import redacted_text
 
 MAX_ROWS = 2000
 
@@ -70,7 +71,7 @@ COLOURS = {
     "warn": "#d97706",
     "done": "#15803d",
 }
-_WARN_STATUSES = {Status.TIMEOUT, Status.CANCELLED}
+_WARN_STATUSES = {AbiStatus.TIMEOUT, AbiStatus.CANCELLED}
 _DESTRUCTIVE_ACTIONS = {"force_fail", "terminate"}
 
 
@@ -106,9 +107,9 @@ class RunEnd:
 
 
 def _status_outcome(status: int, *, soft_not_found: bool = False) -> str:
-    if status == Status.OK:
+    if status == AbiStatus.OK:
         return "ok"
-    if status in _WARN_STATUSES or (soft_not_found and status == Status.NOT_FOUND):
+    if status in _WARN_STATUSES or (soft_not_found and status == AbiStatus.NOT_FOUND):
         return "warn"
     return "failed"
 
@@ -158,7 +159,7 @@ def _item(event: Event, previous_ms: int) -> Item:
                 **base,
             )
         case AwaitSignalsEvent():
-            got = f" → {event.name}" if event.status == Status.OK and event.name else ""
+            got = f" → {event.name}" if event.status == AbiStatus.OK and event.name else ""
             return Item(
                 label=f"await signals {'/'.join(event.names)}{got}",
                 kind="wait",
@@ -195,7 +196,7 @@ def _item(event: Event, previous_ms: int) -> Item:
                 **base,
             )
         case SignalReceivedEvent():
-            if event.status == Status.NOT_FOUND:
+            if event.status == AbiStatus.NOT_FOUND:
                 return Item(
                     label=f"poll signal {event.name}: none", kind="event", start_ms=ts, **base
                 )
@@ -284,7 +285,10 @@ def build_items(rows: Sequence[EncodedEvent], start_ms: int) -> list[Item]:
             items.append(Item(row.step, "undecodable", str(exc), "event", row.ts, row.ts, "failed"))
             continue
         item = _item(event, vnow)
-        items.append(item)
+        # What the run sent and received is shown the way the API shows it: redacted.
+        items.append(
+            replace(item, label=redacted_text(item.label), detail=redacted_text(item.detail))
+        )
         if event.ts > vnow and not isinstance(event, AdminActionEvent):
             # Admin actions carry wall time and are not guest steps: they do not move the
             # run's virtual clock (replay steps over them too).

@@ -36,8 +36,9 @@ from django.db import close_old_connections, connection
 from django.utils import timezone
 from prometheus_client import Counter, Gauge, Histogram
 
+from workflows import duties
 from workflows.executor import SegmentReport, execute_claim, get_services
-from workflows.store import invocations, wake
+from workflows.store import invocations
 from workflows.store.lifecycle import (
     Claim,
     claim_ready_instances,
@@ -45,6 +46,7 @@ from workflows.store.lifecycle import (
     next_due_at,
     reap_expired_leases,
 )
+from workflows.store.sql import queries
 
 log = logging.getLogger("cleat.worker")
 
@@ -130,13 +132,9 @@ class Worker:
         self.processed = 0
         self._listener: _PgListener | None = None
         self._next_invocation_check = 0.0
-        # Cron schedules tick from this loop (CLEAT_SCHEDULER_IN_WORKER; see schedules/).
-        from schedules.scheduler import ScheduleTicker, scheduler_in_worker
-
-        self._schedules = (
-            ScheduleTicker(options.tenant, options.poll_interval_s)
-            if scheduler_in_worker()
-            else None
+        # What the apps above registered (the schedules app's tick, see workflows/duties.py).
+        self._duties = duties.start(
+            duties.WorkerContext(options.worker_id, options.tenant, options.poll_interval_s)
         )
 
     def stop(self, *_: Any) -> None:
@@ -166,8 +164,9 @@ class Worker:
             opts.burst,
         )
         _freeze_long_lived_objects()
-        if connection.vendor == "postgresql" and not opts.burst:
-            self._listener = _PgListener(connection.get_connection_params(), self._wake.set)
+        listen = queries(connection).get("listen_wake")
+        if listen is not None and not opts.burst:
+            self._listener = _PgListener(connection.get_connection_params(), listen, self._wake.set)
             self._listener.start()
         pool = ThreadPoolExecutor(max_workers=opts.concurrency, thread_name_prefix="cleat-segment")
         lease = timedelta(seconds=opts.lease_s)
@@ -181,8 +180,7 @@ class Worker:
                     self._wake.clear()
                     self._freed.clear()
                     _tidy_connection()
-                    if self._schedules is not None:  # before `now`: the claim takes what fired
-                        self._schedules.run_due(timezone.now())
+                    self._run_duties()  # before `now`: the claim takes the runs they started
                     now = timezone.now()
                     tick = time.monotonic()
                     if self._inflight and tick - last_beat >= opts.lease_s / 3:
@@ -237,6 +235,16 @@ class Worker:
             close_old_connections()
             log.info("event=worker_stopped worker=%s processed=%d", opts.worker_id, self.processed)
         return self.processed
+
+    def _run_duties(self) -> None:
+        """Each registered duty's due work. One that raises is logged and the others (and
+        the claim) still run."""
+        for name, duty in self._duties:
+            try:
+                duty.run_due(timezone.now())
+            except Exception:
+                LOOP_ERRORS.inc()
+                log.exception("event=duty_error duty=%s worker=%s", name, self.options.worker_id)
 
     def _deliver_invocations(self, now: Any) -> None:
         """Calls workflows handed to the host (durable_send, durable_schedule_invoke)."""
@@ -307,14 +315,17 @@ class Worker:
         INFLIGHT.set(len(self._inflight))
 
     def _idle(self, now: Any) -> None:
-        """Sleep until the next run is due, a NOTIFY arrives, a segment finishes, the next
-        schedule instant, or the poll interval passes -- whichever comes first. With no free
+        """Sleep until the next run is due, a NOTIFY arrives, a segment finishes, a duty's
+        next instant, or the poll interval passes -- whichever comes first. With no free
         slot a NOTIFY cannot be acted on: sleep until a segment finishes instead (the
         notified run is claimed then)."""
         opts = self.options
         timeout = opts.poll_interval_s
-        if self._schedules is not None:  # wake for the next schedule instant too
-            timeout = min(timeout, self._schedules.seconds_until_due(now))
+        for name, duty in self._duties:  # wake for a duty's next instant too
+            try:
+                timeout = min(timeout, duty.seconds_until_due(now))
+            except Exception:
+                log.exception("event=duty_error duty=%s worker=%s", name, opts.worker_id)
         if self._free_slots() <= 0:
             if timeout > 0:
                 self._freed.wait(timeout)
@@ -323,8 +334,11 @@ class Worker:
             timeout = min(timeout, 0.05)
         else:
             due = next_due_at(opts.task_queues, opts.tenant)
-            if due is not None:
-                timeout = max(0.0, min(timeout, (due - now).total_seconds()))
+            # A run already due that this claim left is not claimable now (its tenant is at
+            # its running cap or inactive, or another worker holds it): waking for it would
+            # spin. A finishing segment (which frees room under a cap) or a NOTIFY wakes us.
+            if due is not None and due > now:
+                timeout = min(timeout, (due - now).total_seconds())
         if timeout > 0:
             self._wake.wait(timeout)
 
@@ -338,12 +352,13 @@ class _PgListener(threading.Thread):
     CHECK_S = 0.5  # how often a quiet listener looks at its closing flag
     BACKOFF_S = (0.5, 30.0)  # first and longest wait before re-connecting
 
-    def __init__(self, params: dict[str, Any], wake: Callable[[], None]) -> None:
+    def __init__(self, params: dict[str, Any], listen: str, wake: Callable[[], None]) -> None:
         super().__init__(name="cleat-listen", daemon=True)
         params = dict(params)
         params.pop("cursor_factory", None)
         params.pop("context", None)
         self._params = params
+        self._listen = listen
         self._on_notify = wake
         self._closing = threading.Event()
         self.connected = threading.Event()
@@ -356,7 +371,7 @@ class _PgListener(threading.Thread):
         while not self._closing.is_set():
             try:
                 self._conn = psycopg.connect(**self._params, autocommit=True)
-                self._conn.execute(f"LISTEN {wake.NOTIFY_CHANNEL}")
+                self._conn.execute(self._listen)
                 self.connected.set()
                 if failures:
                     log.info("event=listen_restored")

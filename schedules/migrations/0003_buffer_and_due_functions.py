@@ -2,25 +2,83 @@
 
 """Buffered instants (buffer_one / buffer_all) and, on PostgreSQL, the scheduler's
 cross-tenant definer functions ``cleat.due_schedules`` and ``cleat.next_schedule_at``: owned by
-``cleat_dispatcher`` (BYPASSRLS), executable by the application role only."""
+``cleat_dispatcher`` (BYPASSRLS), executable by the application role only.
+
+The SQL is a frozen copy of what this migration installs (a migration must not import the
+apps' live modules); the live definitions are in schedules/sql/postgresql.py."""
 
 import django.core.validators
+from django.conf import settings
 from django.db import migrations, models
 
-from schedules.store import DEFINER_FUNCTIONS, DISPATCHER_GRANTS
-from workflows import rls
+DISPATCHER_ROLE = "cleat_dispatcher"
+
+
+def app_role() -> str:
+    return str(getattr(settings, "CLEAT_APP_ROLE", "cleat_app"))
+
+
+# -- due_schedules -- every tenant's schedules that need the scheduler now: due, not yet
+# initialised (next_run_at NULL), or holding buffered instants whose previous run ended.
+DUE_SCHEDULES_SQL = """
+CREATE OR REPLACE FUNCTION cleat.due_schedules(
+    p_now timestamptz, p_limit integer, p_tenant uuid DEFAULT NULL)
+RETURNS TABLE(id uuid, tenant_id uuid, next_run_at timestamptz)
+LANGUAGE sql STABLE SECURITY DEFINER SET search_path = public, pg_temp AS $$
+    SELECT s.id, s.tenant_id, s.next_run_at
+      FROM schedules_schedule AS s
+      JOIN workflows_tenant AS t ON t.id = s.tenant_id AND t.is_active
+     WHERE s.enabled
+       AND (p_tenant IS NULL OR s.tenant_id = p_tenant)
+       AND (s.next_run_at IS NULL
+            OR s.next_run_at <= p_now
+            OR (s.buffered_count > 0 AND NOT EXISTS (
+                    SELECT 1
+                      FROM workflows_workflowinstance AS last
+                      JOIN workflows_workflowinstance AS run
+                        ON run.tenant_id = last.tenant_id AND run.workflow_id = last.workflow_id
+                     WHERE last.id = s.last_run_id
+                       AND run.status IN ('ready', 'running', 'paused'))))
+     ORDER BY s.next_run_at NULLS FIRST
+     LIMIT p_limit
+$$;
+"""
+
+# -- next_schedule_at -- the earliest instant any enabled schedule is due at (the worker
+# sleeps until then).
+NEXT_SCHEDULE_AT_SQL = """
+CREATE OR REPLACE FUNCTION cleat.next_schedule_at(p_tenant uuid DEFAULT NULL)
+RETURNS timestamptz
+LANGUAGE sql STABLE SECURITY DEFINER SET search_path = public, pg_temp AS $$
+    SELECT min(s.next_run_at)
+      FROM schedules_schedule AS s
+      JOIN workflows_tenant AS t ON t.id = s.tenant_id AND t.is_active
+     WHERE s.enabled AND (p_tenant IS NULL OR s.tenant_id = p_tenant)
+$$;
+"""
+
+DEFINER_FUNCTIONS = {
+    "cleat.due_schedules(timestamptz, integer, uuid)": DUE_SCHEDULES_SQL,
+    "cleat.next_schedule_at(uuid)": NEXT_SCHEDULE_AT_SQL,
+}
+# What the definer functions read, granted to their owner (it bypasses RLS, not privileges).
+DISPATCHER_GRANTS = (
+    "GRANT SELECT ON schedules_schedule TO {dispatcher}",
+    "GRANT SELECT ON workflows_tenant TO {dispatcher}",
+    "GRANT SELECT ON workflows_workflowinstance TO {dispatcher}",
+)
 
 
 def create_functions(apps, schema_editor):
     if schema_editor.connection.vendor != "postgresql":
         return
-    role = rls.app_role()
+    role = app_role()
     with schema_editor.connection.cursor() as cursor:
         for grant in DISPATCHER_GRANTS:
-            cursor.execute(grant.format(dispatcher=rls.DISPATCHER_ROLE))
+            cursor.execute(grant.format(dispatcher=DISPATCHER_ROLE))
         for signature, sql in DEFINER_FUNCTIONS.items():
             cursor.execute(sql)
-            cursor.execute(f"ALTER FUNCTION {signature} OWNER TO {rls.DISPATCHER_ROLE}")
+            cursor.execute(f"ALTER FUNCTION {signature} OWNER TO {DISPATCHER_ROLE}")
             cursor.execute(f"REVOKE EXECUTE ON FUNCTION {signature} FROM PUBLIC")
             cursor.execute(f"GRANT EXECUTE ON FUNCTION {signature} TO {role}")
 

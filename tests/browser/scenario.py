@@ -21,7 +21,7 @@ from typing import Any
 import wasmtime
 
 from engine.errors import PermanentError
-from workflows import services as svc
+from workflows import definitions
 from workflows.demo import DEMO_WAT
 from workflows.models import Tenant, WorkflowDefinition
 from workflows.tenancy import tenant_context
@@ -86,9 +86,11 @@ def charge(request: dict[str, Any], *, idempotency_key: str, context: Any) -> di
 
 def deploy(tenant: Tenant) -> None:
     """``shop-order`` (one attempt: a failure dead-letters at once) and ``demo-order``."""
-    svc.deploy_definition(tenant, "shop-order", wasmtime.wat2wasm(SHOP_WAT), retry_max_attempts=1)
-    svc.deploy_definition(tenant, "demo-order", wasmtime.wat2wasm(DEMO_WAT.read_text()))
-    svc.deploy_definition(tenant, "invoice-order", wasmtime.wat2wasm(SHOP_WAT))
+    definitions.deploy_definition(
+        tenant, "shop-order", wasmtime.wat2wasm(SHOP_WAT), retry_max_attempts=1
+    )
+    definitions.deploy_definition(tenant, "demo-order", wasmtime.wat2wasm(DEMO_WAT.read_text()))
+    definitions.deploy_definition(tenant, "invoice-order", wasmtime.wat2wasm(SHOP_WAT))
 
 
 def _replace_module(tenant: Tenant, name: str, wat: str) -> None:

@@ -16,7 +16,7 @@ from engine.events import (
     SleepEvent,
     encode,
 )
-from engine.status import Status
+from engine.status import AbiStatus
 from workflows import timeline
 from workflows.console import charts
 from workflows.console.display import STATUS_COLOURS, age_text, wait_text
@@ -34,7 +34,7 @@ def history() -> list[EncodedEvent]:
                 service="pay",
                 operation="refund",
                 request="{}",
-                status=Status.ERROR,
+                status=AbiStatus.ERROR,
                 error="<script>alert(1)</script>",
             )
         ),
@@ -44,7 +44,7 @@ def history() -> list[EncodedEvent]:
         ),
         encode(
             AwaitSignalsEvent(
-                step=4, ts=START + 8000, names=("again",), timeout_ms=3000, status=Status.TIMEOUT
+                step=4, ts=START + 8000, names=("again",), timeout_ms=3000, status=AbiStatus.TIMEOUT
             )
         ),
         encode(SignalReceivedEvent(step=5, ts=START + 8000, name="note", payload="1")),

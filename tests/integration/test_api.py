@@ -31,7 +31,7 @@ from tests.integration.test_api_support import (
     signal_waiter,
     updatable,
 )
-from workflows import services
+from workflows import definitions, services
 from workflows.api.keys import revoke_api_key
 from workflows.models import ApiKey, AuditLog, Role, Tenant, WorkflowDefinition
 from workflows.tenancy import tenant_context
@@ -145,8 +145,8 @@ def test_audit_names_the_key(tenant: Tenant, deployed: Api) -> None:
 def test_staff_users_use_the_browsable_api_in_their_session_tenant(
     tenant: Tenant, other_tenant: Tenant, env: DatabaseWorkflowEnvironment
 ) -> None:
-    services.deploy_definition(tenant, "waiter", signal_waiter())
-    services.deploy_definition(other_tenant, "waiter", signal_waiter())
+    definitions.deploy_definition(tenant, "waiter", signal_waiter())
+    definitions.deploy_definition(other_tenant, "waiter", signal_waiter())
     mine, _ = services.start_workflow(tenant, "waiter")
     theirs, _ = services.start_workflow(other_tenant, "waiter")
     user = get_user_model().objects.create_superuser("op", "op@example.com", "pw-12345678")
@@ -180,12 +180,16 @@ def test_bound_staff_users_get_their_tenant_and_their_console_role(
 
     from workflows.models import StaffTenant
 
-    services.deploy_definition(other_tenant, "waiter", signal_waiter())
+    definitions.deploy_definition(other_tenant, "waiter", signal_waiter())
     theirs, _ = services.start_workflow(other_tenant, "waiter")
     staff = get_user_model().objects.create_user("bound", "b@example.com", "pw", is_staff=True)
     StaffTenant.objects.create(user=staff, tenant=other_tenant)
     client = Client()
     client.force_login(staff)
+    # Without a console permission on runs, no API either.
+    assert client.get("/api/v1/workflows").status_code == 403
+    staff.user_permissions.add(Permission.objects.get(codename="view_workflowinstance"))
+    client.force_login(get_user_model().objects.get(pk=staff.pk))
     # A crafted tenant choice in the session is ignored for a bound user.
     session = client.session
     session["cleat_tenant"] = str(tenant.id)
@@ -830,3 +834,22 @@ def test_admin_creates_a_key_shown_once_and_revokes_it(
         {"action": "revoke", "_selected_action": [stored.pk]},
     )
     assert Api(key).get("/api/v1/workflows").status_code == 401
+
+
+def test_a_handler_that_fails_after_writing_leaves_nothing_behind(
+    admin_api: Api, tenant: Tenant, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The handler runs in one tenant transaction: an error after a write answers in the
+    error shape and the write is rolled back with it."""
+    admin_api.deploy("waiter", signal_waiter())
+
+    def half_done(tenant: Tenant, name: str, version: int, *_: Any) -> None:
+        AuditLog.record(tenant, "deprecate_definition", "api", "", name=name, version=version)
+        raise services.Conflict("refused after the audit row", "version")
+
+    monkeypatch.setattr(definitions, "deprecate_definition", half_done)
+    refused = admin_api.post("/api/v1/definitions/waiter/versions/1/deprecate")
+    assert refused.status_code == 409
+    assert error_of(refused)["message"] == "refused after the audit row"
+    with tenant_context(tenant.id):
+        assert not AuditLog.objects.filter(action="deprecate_definition").exists()

@@ -101,9 +101,9 @@ def real_ids(tenant: Tenant) -> Iterator[dict[str, str]]:
     """Definitions, runs and a promise the fuzzer can aim at by their real names and ids."""
     env = DatabaseWorkflowEnvironment(tenant)
     try:
-        services.deploy_definition(tenant, "waiter", signal_waiter())
-        services.deploy_definition(tenant, "waiter", signal_waiter())
-        services.deploy_definition(tenant, "promiser", promiser())
+        definitions.deploy_definition(tenant, "waiter", signal_waiter())
+        definitions.deploy_definition(tenant, "waiter", signal_waiter())
+        definitions.deploy_definition(tenant, "promiser", promiser())
         definitions.set_tag(tenant, "waiter", "stable", 2)
         run, _ = services.start_workflow(tenant, "waiter", {"order": 1})
         finished, _ = services.start_workflow(tenant, "waiter", {"order": 2})

@@ -75,8 +75,8 @@ def other(other_tenant: Tenant) -> Iterator[dict[str, Any]]:
     env = DatabaseWorkflowEnvironment(other_tenant)
     try:
         for _ in range(3):
-            services.deploy_definition(other_tenant, "shared-name", signal_waiter())
-        services.deploy_definition(other_tenant, "promiser", promiser())
+            definitions.deploy_definition(other_tenant, "shared-name", signal_waiter())
+        definitions.deploy_definition(other_tenant, "promiser", promiser())
         definitions.deprecate_definition(other_tenant, "shared-name", 1)
         definitions.set_tag(other_tenant, "shared-name", "stable", 2)
         definitions.set_routing_rules(other_tenant, "shared-name", [(2, 1.0), (3, 1.0)])
@@ -169,7 +169,7 @@ def test_another_tenants_key_reaches_nothing(tenant: Tenant, other: dict[str, An
     assert gc.json() == {"dry_run": False, "removed": [], "skipped": [], "runs_deleted": 0}
     # Starting a run by B's definition name, or with B's idempotency key, never touches B.
     assert mine.start("shared-name").status_code == 400
-    services.deploy_definition(tenant, "shared-name", signal_waiter())
+    definitions.deploy_definition(tenant, "shared-name", signal_waiter())
     started = mine.start("shared-name", idempotency_key="same-key")
     assert started.status_code == 201
     assert started.json()["id"] != other["waiting"]

@@ -27,7 +27,7 @@ from django.db import connection
 from django.test import override_settings
 
 from tests.fixtures.wat import Wat
-from workflows.models import Signal, Status, Tenant, WorkflowDefinition, WorkflowInstance
+from workflows.models import RunStatus, Signal, Tenant, WorkflowDefinition, WorkflowInstance
 from workflows.tenancy import tenant_context
 from workflows.testing import DatabaseWorkflowEnvironment
 
@@ -229,7 +229,7 @@ def world(tenant: Tenant, other_tenant: Tenant, files: dict[str, Path]) -> dict[
         env.deploy("approval", files["approval.wasm"].read_bytes())
         env.deploy("quick", Wat().run("(call $finish)").wasm())
         done = env.run("quick")
-        assert env.status(done) == Status.DONE
+        assert env.status(done) == RunStatus.DONE
         other.deploy("approval", files["approval.wasm"].read_bytes())
         theirs = other.start("approval")
     finally:

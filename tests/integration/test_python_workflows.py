@@ -18,7 +18,7 @@ from django.core.management import CommandError, call_command
 
 from engine.errors import PermanentError
 from tests.fixtures import FakeService
-from workflows.models import Status, WorkflowDefinition
+from workflows.models import RunStatus, WorkflowDefinition
 from workflows.tenancy import tenant_context
 from workflows.testing import DatabaseWorkflowEnvironment
 
@@ -86,7 +86,7 @@ def test_the_order_saga_through_the_store(make_env: Any) -> None:
     order = {"order_id": "B-2", "sku": "pen", "qty": 2, "amount_cents": 300}
     run = env.run("order_saga", order)
     info = env.describe(run)
-    assert info["status"] == Status.READY
+    assert info["status"] == RunStatus.READY
     assert "shipped" in info["waiting_on"]
     env.signal(run, "shipped", {"carrier": "dhl"})
     env.run_until_idle()
@@ -105,7 +105,7 @@ def test_a_declined_saga_compensates_through_the_store(make_env: Any) -> None:
     env.deploy("order_saga", built(EXAMPLES / "order_saga.py"))
     run = env.run("order_saga", {"order_id": "C-3", "sku": "x", "qty": 1, "amount_cents": 1})
     info = env.describe(run)
-    assert (info["status"], info["error_code"]) == (Status.FAILED, "permanent")
+    assert (info["status"], info["error_code"]) == (RunStatus.FAILED, "permanent")
     assert "payment failed" in info["error"]
     assert inventory.ops() == ["reserve", "release"]
 

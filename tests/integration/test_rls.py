@@ -28,11 +28,12 @@ from django.db import DataError, ProgrammingError, connection, transaction
 from django.utils import timezone
 
 from engine.events import SleepEvent, encode
-from engine.status import Status as AbiStatus
+from engine.status import AbiStatus
 from engine.storage import RunRef
 from schedules.models import Schedule
 from schedules.rls import SCHEDULE_TABLES
 from tests.fixtures.wat import Wat
+from workflows import definitions
 from workflows import services as svc
 from workflows.models import (
     ApiKey,
@@ -41,8 +42,8 @@ from workflows.models import (
     Invocation,
     Promise,
     RoutingRule,
+    RunStatus,
     Signal,
-    Status,
     Tenant,
     TenantScoped,
     UpdateRequest,
@@ -53,7 +54,6 @@ from workflows.models import (
     WorkflowState,
 )
 from workflows.rls import (
-    DEFINER_FUNCTIONS,
     DISPATCHER_ROLE,
     WORKFLOW_TABLES,
     app_role,
@@ -66,6 +66,7 @@ from workflows.store.lifecycle import (
     next_due_at,
     reap_expired_leases,
 )
+from workflows.store.sql.postgresql import DEFINER_FUNCTIONS
 from workflows.store.storage import DjangoStorage
 from workflows.tenancy import tenant_context
 
@@ -342,7 +343,7 @@ def test_the_store_and_services_of_one_tenant_reach_nothing_of_another(
     """Through the real code paths as the application role: B's run is NotFound for A's
     services, A's storage reads nothing of it, and even an unfiltered ORM query in A's
     context does not find it."""
-    svc.deploy_definition(other_tenant, "job", note_wasm("b"))
+    definitions.deploy_definition(other_tenant, "job", note_wasm("b"))
     b_run, _ = svc.start_workflow(other_tenant, "job")
     svc.signal_workflow(other_tenant, str(b_run.id), "go", {"n": 1})
     with tenant_context(tenant.id):
@@ -361,7 +362,7 @@ def test_the_store_and_services_of_one_tenant_reach_nothing_of_another(
     assert hidden is not None and hidden.status == AbiStatus.NOT_FOUND
     with tenant_context(other_tenant.id):
         assert Signal.objects.filter(instance_id=b_run.id).count() == 1
-        assert svc.get_instance(other_tenant, str(b_run.id)).status == Status.READY
+        assert svc.get_instance(other_tenant, str(b_run.id)).status == RunStatus.READY
 
 
 # --- bypass detection --------------------------------------------------------------------------
@@ -457,7 +458,7 @@ def test_the_claim_crosses_tenants_and_nothing_else_does(tenant: Tenant, other_t
     finds the next due run across both tenants -- through the definer functions -- yet a
     plain query still raises and A's context still shows only A's runs."""
     for t, runs in ((tenant, 2), (other_tenant, 1)):
-        svc.deploy_definition(t, "job", note_wasm(t.name))
+        definitions.deploy_definition(t, "job", note_wasm(t.name))
         for _ in range(runs):
             svc.start_workflow(t, "job")
     now = timezone.now() + timedelta(seconds=1)
@@ -468,11 +469,11 @@ def test_the_claim_crosses_tenants_and_nothing_else_does(tenant: Tenant, other_t
         [str(tenant.id)] * 2 + [str(other_tenant.id)]
     )
     with pytest.raises(ProgrammingError, match=NOT_SET):
-        WorkflowInstance.objects.filter(status=Status.RUNNING).count()
+        WorkflowInstance.objects.filter(status=RunStatus.RUNNING).count()
     with tenant_context(tenant.id):
-        assert WorkflowInstance.objects.filter(status=Status.RUNNING).count() == 2
+        assert WorkflowInstance.objects.filter(status=RunStatus.RUNNING).count() == 2
     with tenant_context(other_tenant.id):
-        assert WorkflowInstance.objects.filter(status=Status.RUNNING).count() == 1
+        assert WorkflowInstance.objects.filter(status=RunStatus.RUNNING).count() == 1
 
     assert heartbeat_worker("w", now) == 3
     assert reap_expired_leases(timedelta(0), now + timedelta(seconds=1)) == 3

@@ -23,7 +23,7 @@ from schedules import services as sched
 from schedules.models import Schedule
 from tests.fixtures.wat import Wat
 from tests.integration.support.processes import MANAGE, command_env, wait_until
-from workflows import services
+from workflows import definitions
 from workflows.models import Tenant, WorkflowInstance
 from workflows.tenancy import tenant_context
 
@@ -71,7 +71,7 @@ def quick() -> bytes:
 
 
 def test_three_schedulers_start_each_instant_exactly_once(tenant: Tenant, tmp_path: Path) -> None:
-    services.deploy_definition(tenant, "quick", quick())
+    definitions.deploy_definition(tenant, "quick", quick())
     made = [
         sched.create_schedule(
             tenant,

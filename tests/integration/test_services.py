@@ -21,11 +21,12 @@ from django.utils import timezone
 
 from engine.events import AdminActionEvent, EventType
 from tests.fixtures.wat import INPUT, Wat
+from workflows import definitions
 from workflows import services as svc
 from workflows.models import (
     AuditLog,
     RoutingRule,
-    Status,
+    RunStatus,
     Tenant,
     UpdateRequest,
     VersionTag,
@@ -91,9 +92,9 @@ def runs(env: DatabaseWorkflowEnvironment) -> dict[str, str]:
     """A run waiting for ``stop`` (after one segment), a done run and a failed run."""
     made = {"waiting": env.run("waiter"), "done": env.run("quick"), "failed": env.run("failing")}
     assert [env.status(made[k]) for k in ("waiting", "done", "failed")] == [
-        Status.READY,
-        Status.DONE,
-        Status.FAILED,
+        RunStatus.READY,
+        RunStatus.DONE,
+        RunStatus.FAILED,
     ]
     return made
 
@@ -176,43 +177,43 @@ INVALID: dict[str, tuple[Call, type[svc.ServiceError], str, str]] = {
         "has no entry point 'nope' (it exports: run)",
     ),
     "definition name with a space": (
-        lambda t, r: svc.deploy_definition(t, "my flow", note("x")),
+        lambda t, r: definitions.deploy_definition(t, "my flow", note("x")),
         svc.InvalidInput,
         "name",
         "name 'my flow' is not a valid name",
     ),
     "definition name empty": (
-        lambda t, r: svc.deploy_definition(t, "", note("x")),
+        lambda t, r: definitions.deploy_definition(t, "", note("x")),
         svc.InvalidInput,
         "name",
         "is not a valid name",
     ),
     "definition name starting with a dash": (
-        lambda t, r: svc.deploy_definition(t, "-flow", note("x")),
+        lambda t, r: definitions.deploy_definition(t, "-flow", note("x")),
         svc.InvalidInput,
         "name",
         "starting with a letter or digit",
     ),
     "definition name too long": (
-        lambda t, r: svc.deploy_definition(t, "n" * 129, note("x")),
+        lambda t, r: definitions.deploy_definition(t, "n" * 129, note("x")),
         svc.InvalidInput,
         "name",
         "is not a valid name",
     ),
     "empty module": (
-        lambda t, r: svc.deploy_definition(t, "flow", b""),
+        lambda t, r: definitions.deploy_definition(t, "flow", b""),
         svc.InvalidInput,
         "wasm",
         "the module is empty",
     ),
     "invalid module": (
-        lambda t, r: svc.deploy_definition(t, "flow", b"\0asm\x01\0\0\0\x05"),
+        lambda t, r: definitions.deploy_definition(t, "flow", b"\0asm\x01\0\0\0\x05"),
         svc.InvalidInput,
         "wasm",
         "failed to parse WebAssembly module",
     ),
     "version zero": (
-        lambda t, r: svc.deploy_definition(t, "flow", note("x"), version=0),
+        lambda t, r: definitions.deploy_definition(t, "flow", note("x"), version=0),
         svc.InvalidInput,
         "version",
         "version must be a positive integer",
@@ -431,7 +432,7 @@ def test_a_stale_generation_is_a_conflict(tenant: Tenant, runs: dict[str, str], 
 def _claimed(tenant: Tenant, env: DatabaseWorkflowEnvironment) -> str:
     run = env.start("quick")
     [claim] = claim_ready_instances("w", ["default"], 1, timezone.now(), tenant.id)
-    assert str(claim.id) == run and row(tenant, run).status == Status.RUNNING
+    assert str(claim.id) == run and row(tenant, run).status == RunStatus.RUNNING
     return run
 
 
@@ -561,7 +562,7 @@ ACTIONS: dict[str, tuple[str, Callable[[Tenant, str, int], Any], str, str]] = {
         "waiting",
         lambda t, r, g: svc.force_complete(t, r, g, {"forced": True}, "ada", "stuck upstream"),
         "close_instance",
-        Status.DONE,
+        RunStatus.DONE,
     ),
     "force_fail": (
         "waiting",
@@ -569,19 +570,19 @@ ACTIONS: dict[str, tuple[str, Callable[[Tenant, str, int], Any], str, str]] = {
             t, r, g, "gave up", code="permanent", operator="ada", reason="stuck upstream"
         ),
         "close_instance",
-        Status.FAILED,
+        RunStatus.FAILED,
     ),
     "re_replay": (
         "done",
         lambda t, r, g: svc.re_replay(t, r, g, "ada", "stuck upstream"),
         "_reopen",
-        Status.READY,
+        RunStatus.READY,
     ),
     "retry": (
         "failed",
         lambda t, r, g: svc.retry_workflow(t, r, operator="ada", reason="stuck upstream"),
         "_reopen",
-        Status.READY,
+        RunStatus.READY,
     ),
 }
 
@@ -622,9 +623,9 @@ def test_an_operator_action_is_audited_with_its_change(
         env.run_until_idle()
         final = row(tenant, run)
         if action == "re_replay":
-            assert final.status == Status.DONE and env.result(run) == ["quick"]
+            assert final.status == RunStatus.DONE and env.result(run) == ["quick"]
         else:
-            assert (final.status, final.error) == (Status.FAILED, "bad order")
+            assert (final.status, final.error) == (RunStatus.FAILED, "bad order")
 
 
 @pytest.mark.parametrize("action", list(ACTIONS))
@@ -667,7 +668,7 @@ def test_an_idempotency_key_returns_the_existing_run(
         assert WorkflowInstance.objects.filter(start_idempotency_key="order-9").count() == 1
     env.run_until_idle()
     again, created = svc.start_workflow(tenant, "quick", idempotency_key="order-9")
-    assert (again.id, created, again.status) == (first.id, False, Status.DONE)
+    assert (again.id, created, again.status) == (first.id, False, RunStatus.DONE)
 
 
 @pytest.fixture
@@ -709,11 +710,11 @@ def test_weighted_routing_splits_starts(
 ) -> None:
     """Rules weighted 1:3 over v1 and v2 (v3 at weight 0 never chosen): with a seeded
     generator, 200 resolutions split about 25/75."""
-    monkeypatch.setattr(svc, "random", random.Random(20260101))
+    monkeypatch.setattr(definitions, "random", random.Random(20260101))
     with tenant_context(tenant.id):
         for version, weight in ((1, 1.0), (2, 3.0), (3, 0.0)):
             RoutingRule.objects.create(tenant=tenant, name=versions, version=version, weight=weight)
-        chosen = [svc.resolve_definition(tenant, versions).version for _ in range(200)]
+        chosen = [definitions.resolve_definition(tenant, versions).version for _ in range(200)]
     counts = {v: chosen.count(v) for v in (1, 2, 3)}
     assert counts[3] == 0
     assert 25 <= counts[1] <= 75, counts
@@ -787,7 +788,7 @@ def test_send_update_waits_for_the_handlers_answer(
     assert (refused.status, refused.result) == (UpdateRequest.State.FAILED, "not today")
     assert worker.segments >= 2
     assert svc.query_state(tenant, run, "bumped") == '{"by":2}'
-    assert row(tenant, run).status == Status.READY
+    assert row(tenant, run).status == RunStatus.READY
 
     pending = svc.send_update(tenant, run, "bump", {"by": 3})
     assert pending.status == UpdateRequest.State.PENDING and pending.result == ""
@@ -817,7 +818,8 @@ def test_a_module_over_the_databases_statement_limit_is_refused_with_advice(tena
     module that would not fit, naming the setting. Other databases have no such limit."""
     from django.db import connection
 
-    from workflows.services import InvalidInput, _check_packet_size
+    from workflows.definitions import _check_packet_size
+    from workflows.services import InvalidInput
 
     huge = 10**10
     if connection.vendor == "mysql":
@@ -843,4 +845,4 @@ def test_pause_and_resume_are_annotated_in_the_history_and_replay_steps_over_the
     ]
     svc.signal_workflow(tenant, run, "stop", {"ok": True})
     env.run_until_idle()
-    assert env.status(run) == Status.DONE  # replay stepped over both annotations
+    assert env.status(run) == RunStatus.DONE  # replay stepped over both annotations

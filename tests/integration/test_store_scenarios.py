@@ -1,20 +1,21 @@
-"""The engine's scenarios end to end through the Django store and executor: claim, fenced
-writes, finalize, wake-ups, retries and the dead-letter queue. Runs on every database the
-suite is pointed at (SQLite by default; PostgreSQL as the RLS-bound application role;
-MariaDB)."""
+"""What only the Django store has, end to end through it and the executor: lost fences,
+delivery of durable sends, retry from the dead-letter queue, and the finalize's PostgreSQL
+fast path against its general path. The scenarios both environments share (retries,
+timers, signals, children, continue-as-new, locks, ...) are in test_lifecycle_scenarios.py.
+Runs on every database the suite is pointed at (SQLite by default; PostgreSQL as the
+RLS-bound application role; MariaDB)."""
 
 from __future__ import annotations
 
-import json
 from collections.abc import Iterator
 from typing import Any
 
 import pytest
 
-from engine.events import EventType
 from tests.fixtures import FakeService
 from tests.fixtures.wat import Ref, Wat
-from workflows.models import Signal, Status, WorkflowInstance
+from tests.integration.test_lifecycle_scenarios import call_or_fail, call_sleep_call, signal_waiter
+from workflows.models import RunStatus, WorkflowInstance
 from workflows.tenancy import tenant_context
 from workflows.testing import DatabaseWorkflowEnvironment
 
@@ -39,310 +40,10 @@ def types(env: DatabaseWorkflowEnvironment, run: str) -> list[str]:
     return [e.TYPE.value for e in env.history(run)]
 
 
-def call_sleep_call() -> Wat:
-    w = Wat()
-    w.run(
-        f"""
-    (call $rec (call $durable_call {w.s("pay")} {w.s("charge")} {w.js({"amount": 5})}))
-    (call $recn (call $durable_sleep (i64.const 60000)))
-    (call $rec (call $durable_call {w.s("pay")} {w.s("receipt")} {w.input()}))
-    (call $finish)"""
-    )
-    return w
-
-
-def test_calls_and_a_durable_timer_survive_segments(make_env: Any) -> None:
-    """Two calls around a one-minute sleep: the first segment records the first call and
-    suspends; the timer makes the run due; the second segment replays the first call (not
-    repeating it) and completes. Each call's idempotency key is stable."""
-    pay = FakeService({"charge": {"ok": 1}, "receipt": lambda r: {"echo": r}})
-    env = make_env({"pay": pay})
-    env.deploy("order", call_sleep_call().wasm())
-    run = env.run("order", {"n": 7})
-    info = env.describe(run)
-    assert info["status"] == "ready"
-    assert info["waiting_on"].startswith("timer until")
-    assert pay.ops() == ["charge"]
-    env.advance(seconds=59)
-    assert env.status(run) == Status.READY
-    env.advance(seconds=1)
-    assert env.result(run) == [[0, '{"ok":1}'], 0, [0, '{"echo":{"n":7}}']]
-    assert pay.ops() == ["charge", "receipt"]
-    assert types(env, run) == ["call", "sleep", "call"]
-    stored = env.stored_history(run)
-    assert [s.step for s in stored] == [0, 1, 2]
-    assert all(s.checksum for s in stored)
-    assert len({c.idempotency_key for c in pay.calls}) == 2
-
-
-def signal_waiter() -> Wat:
-    w = Wat()
-    w.run(
-        f"""
-    (local.set $a (call $durable_await_signals {w.js(["approve", "reject"])} (i64.const 3600000)))
-    (call $rec (local.get $a))
-    (call $finish)""",
-        locals="$a i64",
-    )
-    return w
-
-
-def test_a_signal_wakes_a_waiting_run(make_env: Any) -> None:
-    """A run waiting for signals is not due; delivering one makes it due and the await
-    returns the signal; the signal row is marked consumed by the finalize."""
-    env = make_env()
-    env.deploy("approval", signal_waiter().wasm())
-    run = env.run("approval")
-    assert env.describe(run)["waiting_on"].startswith("signals approve/reject")
-    assert env.run_until_idle() == 0
-    env.signal(run, "reject", {"why": "budget"})
-    assert env.run_until_idle() == 1
-    assert env.result(run) == [[0, '{"name":"reject","payload":{"why":"budget"}}']]
-    with tenant_context(env.tenant.id):
-        assert Signal.objects.get(instance_id=run).consumed_at is not None
-
-
-def test_signal_await_times_out_at_its_virtual_deadline(make_env: Any) -> None:
-    env = make_env()
-    env.deploy("approval", signal_waiter().wasm())
-    run = env.run("approval")
-    env.advance(seconds=3599)
-    assert env.status(run) == Status.READY
-    env.advance(seconds=1)
-    assert env.result(run) == [[4, ""]]
-
-
-def parent_and_child() -> tuple[Wat, Wat]:
-    parent = Wat()
-    parent.run(
-        f"""
-    (local.set $c (call $child_workflow {parent.s("child")} {parent.js({"x": 2})}))
-    (local.set $r (call $await_child {parent.payload("c")}))
-    (call $rec (local.get $r))
-    (call $finish)""",
-        locals="$c i64 $r i64",
-    )
-    child = Wat()
-    child.run(
-        f"""
-    (call $rec (call $durable_call {child.s("math")} {child.s("double")} {child.input()}))
-    (call $finish)"""
-    )
-    return parent, child
-
-
-def test_a_child_runs_and_wakes_its_parent(make_env: Any) -> None:
-    """child_workflow starts the child atomically with the parent's event; the parent waits;
-    the child's completion wakes it and await_child returns the child's result."""
-    math = FakeService({"double": lambda r: r["x"] * 2})
-    env = make_env({"math": math})
-    parent, child = parent_and_child()
-    env.deploy("parent", parent.wasm())
-    env.deploy("child", child.wasm())
-    run = env.run("parent")
-    # The child's result is its own transcript, which recorded the service's answer 4.
-    assert env.result(run) == [[0, '[[0,"4"]]']]
-    with tenant_context(env.tenant.id):
-        child_row = WorkflowInstance.objects.get(parent_id=run)
-    assert child_row.status == Status.DONE
-    assert types(env, run) == ["child_workflow", "await_child"]
-
-
-def continue_as_new_counter() -> Wat:
-    w = Wat()
-    w.run(
-        f"""
-    (local.set $n (call $incr_state {w.s("count")} (i64.const 1)))
-    (if (i64.lt_s (local.get $n) (i64.const 3))
-      (then (drop (call $continue_as_new {w.js({"again": True})}))))
-    (call $recn (local.get $n))
-    (call $finish)""",
-        locals="$n i64",
-    )
-    return w
-
-
-def test_continue_as_new_chains_runs_that_share_state(make_env: Any) -> None:
-    """Each run increments the workflow-scoped counter and continues as new until it reaches
-    3; the chain shares the workflow id, and each run's history is its own."""
-    env = make_env()
-    env.deploy("loop", continue_as_new_counter().wasm())
-    first = env.run("loop")
-    last = env.latest_run(first)
-    assert last != first
-    assert env.result(first) == [3]
-    with tenant_context(env.tenant.id):
-        chain = list(WorkflowInstance.objects.filter(workflow_id=first).order_by("created_at"))
-    assert [r.status for r in chain] == ["done", "done", "done"]
-    assert types(env, first) == ["state_mutation", "continue_as_new"]
-    assert types(env, last) == ["state_mutation"]
-
-
-def failing_module() -> Wat:
-    w = Wat()
-    w.run(
-        f"""
-    (call $rec (call $durable_call {w.s("flaky")} {w.s("go")} {w.js({})}))
-    {w.reply(1, "the service said no")}"""
-    )
-    return w
-
-
-def test_a_retryable_failure_is_retried_then_dead_lettered(make_env: Any) -> None:
-    """A run that fails with ERROR is retried with the definition's backoff (replaying its
-    history: the call is not repeated), then dead-lettered; retry from the dead-letter
-    queue reopens it."""
-    from workflows import services as svc
-
-    flaky = FakeService({"go": {"no": True}})
-    env = make_env({"flaky": flaky})
-    env.deploy("flaky", failing_module().wasm())
-    run = env.run("flaky")
-    info = env.describe(run)
-    assert (info["status"], info["error_code"], info["attempt"]) == ("ready", "error", 2)
-    env.advance(seconds=1)  # retry_initial_interval_s
-    assert env.describe(run)["attempt"] == 3
-    env.advance(seconds=2)
-    info = env.describe(run)
-    assert (info["status"], info["error_code"]) == ("dead_lettered", "error")
-    assert info["error"] == "the service said no"
-    assert flaky.ops() == ["go"]  # every retry replayed it
-    svc.retry_workflow(env.tenant, run, operator="test", reason="fixed upstream")
-    info = env.describe(run)
-    assert (info["status"], info["error"]) == ("ready", None)
-    assert EventType.ADMIN_ACTION.value in types(env, run)
-
-
-def test_nondeterminism_dead_letters_naming_the_step(make_env: Any) -> None:
-    """Code that asks a different question on replay is dead-lettered at once with
-    ``nondeterminism`` and a message naming the step and both calls."""
-    env = make_env({"pay": FakeService({"charge": 1, "refund": 2})})
-    first = Wat()
-    first.run(
-        f"""
-    (call $rec (call $durable_call {first.s("pay")} {first.s("charge")} {first.js({})}))
-    (drop (call $durable_sleep (i64.const 1000)))
-    (call $finish)"""
-    )
-    env.deploy("drift", first.wasm())
-    run = env.run("drift")
-    changed = Wat()
-    changed.run(
-        f"""
-    (call $rec (call $durable_call {changed.s("pay")} {changed.s("refund")} {changed.js({})}))
-    (drop (call $durable_sleep (i64.const 1000)))
-    (call $finish)"""
-    )
-    # The same version's bytes replaced behind the run's back (what a bad deploy does).
-    from workflows.models import WorkflowDefinition
-
-    wasm = changed.wasm()
-    import hashlib
-
-    with tenant_context(env.tenant.id):
-        WorkflowDefinition.objects.filter(name="drift").update(
-            wasm=wasm, sha256=hashlib.sha256(wasm).hexdigest()
-        )
-    env.advance(seconds=1)
-    info = env.describe(run)
-    assert (info["status"], info["error_code"]) == ("dead_lettered", "nondeterminism")
-    assert "step 0" in info["error"] and "charge" in info["error"] and "refund" in info["error"]
-
-
-def state_and_defers() -> Wat:
-    w = Wat()
-    w.func("cleanup", f"(drop (call $set_state {w.s('cleaned')} {w.s('yes')})) {w.reply(0, '')}")
-    w.run(
-        f"""
-    (drop (call $durable_defer {w.s("cleanup")}))
-    (drop (call $set_state {w.s("a")} {w.js(1)}))
-    (call $rec (call $get_state {w.s("a")}))
-    (call $rec (call $get_state {w.s("missing")}))
-    (call $recn (call $acquire_lock {w.s("L")} (i64.const 0)))
-    (call $finish)"""
-    )
-    return w
-
-
-def test_state_locks_and_defers_through_the_store(make_env: Any) -> None:
-    env = make_env()
-    env.deploy("stateful", state_and_defers().wasm())
-    run = env.run("stateful")
-    assert env.result(run) == [[0, "1"], [7, ""], 1]
-    from workflows.models import ConcurrencyKey, WorkflowState
-
-    scope = f"wf:{run}"
-    with tenant_context(env.tenant.id):
-        assert WorkflowState.objects.get(scope=scope, key="cleaned").value == "yes"
-        assert ConcurrencyKey.objects.get(key="L").holder == run
-
-
-def test_an_update_is_applied_at_a_blocking_point(make_env: Any) -> None:
-    """An update request wakes a waiting run; the handler answers within the segment and the
-    finalize stores the answer on the request."""
-    from workflows.models import UpdateRequest
-
-    w = Wat()
-    w.func(
-        "bump",
-        f"(drop (call $set_query_state {w.s('bumped')} {w.input()})) {w.reply(0, 'bumped!')}",
-    )
-    w.run(
-        f"""
-    (drop (call $register_update_handler {w.s("bump")}))
-    (call $rec (call $durable_await_signals {w.js(["stop"])} (i64.const -1)))
-    (call $finish)"""
-    )
-    env = make_env()
-    env.deploy("updatable", w.wasm())
-    run = env.run("updatable")
-    update_id = env.update(run, "bump", {"by": 2})
-    env.run_until_idle()
-    with tenant_context(env.tenant.id):
-        update = UpdateRequest.objects.get(id=update_id)
-    assert (update.status, update.result) == ("done", "bumped!")
-    assert env.describe(run)["query_state"] == {
-        "bumped": json.dumps({"by": 2}, separators=(",", ":"))
-    }
-    env.signal(run, "stop")
-    env.run_until_idle()
-    assert env.result(run)[0][0] == 0
-
-
-def test_cancellation_reaches_a_waiting_run(make_env: Any) -> None:
-    env = make_env()
-    env.deploy("approval", signal_waiter().wasm())
-    run = env.run("approval")
-    env.cancel(run, "no longer needed")
-    env.run_until_idle()
-    assert env.result(run) == [[5, ""]]
-
-
-def test_promises_resolved_from_outside(make_env: Any) -> None:
-    w = Wat()
-    w.run(
-        f"""
-    (local.set $p (call $create_promise {w.s("approval")}))
-    (call $set_query_state {w.s("promise")} {w.payload("p")}) drop
-    (call $rec (call $await_promise {w.payload("p")} (i64.const -1)))
-    (call $finish)""",
-        locals="$p i64",
-    )
-    env = make_env()
-    env.deploy("promising", w.wasm())
-    run = env.run("promising")
-    promise_id = env.describe(run)["query_state"]["promise"]
-    env.resolve_promise(promise_id, {"approved": True})
-    env.run_until_idle()
-    assert env.result(run) == [[0, '{"approved":true}']]
-
-
 def test_fence_lost_writes_nothing(make_env: Any) -> None:
     """A segment whose claim was reaped and re-claimed by another worker writes nothing:
     its finalize is fenced out and the new owner's history stands."""
     from datetime import timedelta
-
-    from django.utils import timezone
 
     from engine.errors import FenceLost
     from engine.session import RunInfo
@@ -358,11 +59,11 @@ def test_fence_lost_writes_nothing(make_env: Any) -> None:
     env = make_env({"pay": FakeService({"charge": 1, "receipt": 2})})
     env.deploy("order", call_sleep_call().wasm())
     run = env.start("order", {})
-    [claim] = claim_ready_instances("stalled", ["default"], 1, timezone.now())
+    [claim] = claim_ready_instances("stalled", ["default"], 1, env.clock.now())
     loaded = load_run(claim, "stalled")
     assert loaded is not None
     # The stalled worker's lease expires and the run is reaped (generation bumped).
-    assert reap_expired_leases(timedelta(seconds=0), timezone.now() + timedelta(seconds=1)) == 1
+    assert reap_expired_leases(timedelta(seconds=0), env.clock.now() + timedelta(seconds=1)) == 1
     info = RunInfo(
         ref=loaded.ref,
         definition="order",
@@ -377,7 +78,7 @@ def test_fence_lost_writes_nothing(make_env: Any) -> None:
         )
         finalize_segment(loaded.ref, result)
     assert env.stored_history(run) == []
-    assert env.status(run) == Status.READY
+    assert env.status(run) == RunStatus.READY
     env.advance(seconds=2)  # the reap made it due one second after the reap time
     assert env.describe(run)["events"] == 1
 
@@ -416,35 +117,6 @@ def test_durable_send_is_delivered_by_the_worker_with_the_steps_key(make_env: An
     assert mail.calls[0].idempotency_key == row.idempotency_key
 
 
-def call_or_fail() -> Wat:
-    w = Wat()
-    w.run(
-        f"""
-    (local.set $r (call $durable_call {w.s("flaky")} {w.s("go")} {w.js({})}))
-    (if (result i64) (i32.ne (call $status (local.get $r)) (i32.const 0))
-      (then {w.reply(1, "the call failed")})
-      (else (call $rec (local.get $r)) (call $finish)))""",
-        locals="$r i64",
-    )
-    return w
-
-
-def test_an_automatic_retry_makes_the_failed_call_again(make_env: Any) -> None:
-    """A run that failed because its last call failed is retried by calling the service
-    again (same idempotency key), not by replaying the recorded failure."""
-    flaky = FakeService({"go": [RuntimeError("down"), {"ok": True}]})
-    env = make_env({"flaky": flaky})
-    env.deploy("flaky", call_or_fail().wasm())
-    run = env.run("flaky")
-    info = env.describe(run)
-    assert (info["status"], info["error_code"], info["attempt"]) == ("ready", "error", 2)
-    assert info["events"] == 0  # the failed call was forgotten
-    env.advance(seconds=1)
-    assert env.result(run) == [[0, '{"ok":true}']]
-    assert flaky.ops() == ["go", "go"]
-    assert flaky.calls[0].idempotency_key == flaky.calls[1].idempotency_key
-
-
 def test_retry_from_the_dead_letter_queue_makes_the_failed_call_again(make_env: Any) -> None:
     from workflows import services as svc
     from workflows.models import WorkflowDefinition
@@ -471,14 +143,13 @@ def test_retry_from_the_dead_letter_queue_makes_the_failed_call_again(make_env: 
 
 def segment_by_hand(env: DatabaseWorkflowEnvironment, wasm: bytes, worker_id: str) -> Any:
     """Claim the due run and execute its segment, without finalizing: (loaded, result)."""
-    from django.utils import timezone
 
     from engine.session import RunInfo
     from workflows.executor import get_runtime, get_services
     from workflows.store.lifecycle import claim_ready_instances, load_run
     from workflows.store.storage import DjangoStorage
 
-    [claim] = claim_ready_instances(worker_id, ["default"], 1, timezone.now())
+    [claim] = claim_ready_instances(worker_id, ["default"], 1, env.clock.now())
     loaded = load_run(claim, worker_id)
     assert loaded is not None
     instance = loaded.instance
@@ -511,7 +182,7 @@ def test_a_completing_parent_closes_its_open_child(make_env: Any) -> None:
     assert env.result(run) == []
     with tenant_context(env.tenant.id):
         child = WorkflowInstance.objects.get(parent_id=run)
-    assert (child.status, child.error_code) == (Status.TERMINATED, "terminated")
+    assert (child.status, child.error_code) == (RunStatus.TERMINATED, "terminated")
     assert child.generation == 1  # fenced by the close; never claimed
 
 
@@ -546,8 +217,6 @@ def test_a_completion_whose_claim_moved_on_writes_nothing(make_env: Any) -> None
     finalize: the new claim stands, without a result."""
     from datetime import timedelta
 
-    from django.utils import timezone
-
     from engine.errors import FenceLost
     from workflows.store.lifecycle import (
         claim_ready_instances,
@@ -561,14 +230,47 @@ def test_a_completion_whose_claim_moved_on_writes_nothing(make_env: Any) -> None
     env.deploy("quick", w.wasm())
     run = env.start("quick", {})
     loaded, result = segment_by_hand(env, w.wasm(), "stalled")
-    later = timezone.now() + timedelta(seconds=1)
+    later = env.clock.now() + timedelta(seconds=1)
     assert reap_expired_leases(timedelta(seconds=0), later) == 1
     [again] = claim_ready_instances("stalled", ["default"], 1, later)
     assert again.generation == loaded.claim.generation + 2
     with pytest.raises(FenceLost):
         finalize_segment(loaded.ref, result)
     info = env.describe(run)
-    assert (info["status"], info["result"], info["events"]) == (Status.RUNNING, None, 0)
+    assert (info["status"], info["result"], info["events"]) == (RunStatus.RUNNING, None, 0)
+
+
+def test_the_one_message_completion_releases_the_workflows_locks(
+    make_env: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A run that takes a lock and completes in one plain segment gives the lock back; on
+    PostgreSQL that completion is the one-message fast path, elsewhere the general path."""
+    from django.db import connection
+
+    from workflows.models import ConcurrencyKey
+    from workflows.store import lifecycle
+
+    taken: list[bool] = []
+    fast = lifecycle._complete_in_one_message
+
+    def spy(*args: Any) -> bool:
+        taken.append(fast(*args))
+        return taken[-1]
+
+    monkeypatch.setattr(lifecycle, "_complete_in_one_message", spy)
+    w = Wat()
+    w.run(f"(call $recn (call $acquire_lock {w.s('k')} (i64.const 0))) (call $finish)")
+    env = make_env()
+    env.deploy("locker", w.wasm())
+    with tenant_context(env.tenant.id):
+        ConcurrencyKey.objects.create(tenant=env.tenant, key="other", holder="someone else")
+    run = env.run("locker")
+    assert env.result(run) == [1]
+    assert taken == [connection.vendor == "postgresql"]
+    with tenant_context(env.tenant.id):
+        assert list(ConcurrencyKey.objects.values_list("key", "holder")) == [
+            ("other", "someone else")
+        ]
 
 
 @pytest.mark.postgres_only
@@ -623,7 +325,7 @@ def test_postgres_runs_a_plain_segment_in_four_statements_with_the_general_paths
         }
     a, b = rows[uuid_of(fast)], rows[uuid_of(slow)]
     assert {c: getattr(a, c) for c in columns} == {c: getattr(b, c) for c in columns}
-    assert a.status == Status.DONE and a.query_state == {"stage": '"paid"'}
+    assert a.status == RunStatus.DONE and a.query_state == {"stage": '"paid"'}
     for r in (a, b):
         assert r.completed_at and r.heartbeat_at and r.updated_at >= r.completed_at
     strip = [(e.step, e.type_code, e.payload) for e in env.stored_history(fast)]
@@ -642,7 +344,6 @@ def test_postgres_load_in_one_message_reads_what_the_orm_reads(
 ) -> None:
     """The one-message load returns the same instance (every column, JSON fields decoded),
     definition and history as the ORM's; a claim that moved on loads nothing."""
-    from django.utils import timezone
 
     from workflows.store import lifecycle
 
@@ -653,9 +354,9 @@ def test_postgres_load_in_one_message_reads_what_the_orm_reads(
     env.run_until_idle()  # the call and the sleep are recorded; the run waits
     with tenant_context(env.tenant.id):
         WorkflowInstance.objects.filter(id=run).update(
-            allowed_signals=["go", "stop"], query_state={"k": "v"}, next_wake_at=timezone.now()
+            allowed_signals=["go", "stop"], query_state={"k": "v"}, next_wake_at=env.clock.now()
         )
-    [claim] = lifecycle.claim_ready_instances("cmp", ["default"], 1, timezone.now())
+    [claim] = lifecycle.claim_ready_instances("cmp", ["default"], 1, env.clock.now())
     done, quick = lifecycle._load_in_one_message(claim, "cmp")
     assert done and quick is not None
     monkeypatch.setattr(lifecycle, "_load_in_one_message", lambda *a: (False, None))

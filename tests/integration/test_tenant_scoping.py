@@ -21,7 +21,7 @@ from django.utils import timezone
 
 from engine.errors import FenceLost
 from engine.events import SleepEvent
-from engine.status import Status as AbiStatus
+from engine.status import AbiStatus
 from engine.storage import RunRef
 from schedules.models import Schedule
 from tests.fixtures.wat import Wat
@@ -30,8 +30,8 @@ from workflows.models import (
     AuditLog,
     ConcurrencyKey,
     Promise,
+    RunStatus,
     Signal,
-    Status,
     Tenant,
     UpdateRequest,
     WorkflowDefinition,
@@ -213,7 +213,7 @@ def test_a_run_of_tenant_b_does_not_exist_for_tenant_a(envs: Any, subtests: pyte
     b.deploy("approval", signal_waiter())
     b_run = b.run("approval")
     before = instance(b.tenant, b_run)
-    assert before.status == Status.READY and before.waiting_on is not None
+    assert before.status == RunStatus.READY and before.waiting_on is not None
 
     for operation, call in OPERATIONS.items():
         with subtests.test(operation):
@@ -366,7 +366,7 @@ def test_a_workflow_cannot_signal_another_tenants_run(envs: Any) -> None:
     with tenant_context(b.tenant.id):
         assert not Signal.objects.filter(instance_id=b_run).exists()
     assert b.run_until_idle() == 0
-    assert instance(b.tenant, b_run).status == Status.READY
+    assert instance(b.tenant, b_run).status == RunStatus.READY
 
     from_b = b.run("pinger", json.dumps(b_run))
     assert transcript(b, from_b) == [[0, ""]]

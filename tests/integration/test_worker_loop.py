@@ -30,9 +30,9 @@ from engine.services import Services
 from tests.fixtures import FakeService
 from tests.fixtures.wat import Wat
 from tests.integration.support.processes import command_env, manage
-from workflows import services, worker
+from workflows import definitions, services, worker
 from workflows.executor import set_services
-from workflows.models import Status, Tenant, WorkflowDefinition, WorkflowInstance
+from workflows.models import RunStatus, Tenant, WorkflowDefinition, WorkflowInstance
 from workflows.tenancy import tenant_context
 from workflows.worker import Worker, WorkerOptions
 
@@ -117,7 +117,7 @@ def row(tenant: Tenant, run_id: str) -> WorkflowInstance:
 
 def result(tenant: Tenant, run_id: str) -> Any:
     found = row(tenant, run_id)
-    assert found.status == Status.DONE, f"{found.status}: {found.error_code} {found.error}"
+    assert found.status == RunStatus.DONE, f"{found.status}: {found.error_code} {found.error}"
     return json.loads(found.result)
 
 
@@ -126,9 +126,9 @@ def test_trapping_and_failing_workflows_do_not_stop_the_loop(
 ) -> None:
     """A guest trap and an entry point returning PERMANENT fail their own runs (with their
     codes); the runs queued around them complete."""
-    services.deploy_definition(tenant, "good", call_once())
-    services.deploy_definition(tenant, "trap", traps(), retry_max_attempts=1)
-    services.deploy_definition(tenant, "refuse", fails_permanently())
+    definitions.deploy_definition(tenant, "good", call_once())
+    definitions.deploy_definition(tenant, "trap", traps(), retry_max_attempts=1)
+    definitions.deploy_definition(tenant, "refuse", fails_permanently())
     before = start(tenant, "good", {"n": 1})
     trapped = start(tenant, "trap")
     refused = start(tenant, "refuse")
@@ -139,10 +139,10 @@ def test_trapping_and_failing_workflows_do_not_stop_the_loop(
         assert result(tenant, run) == [[0, json.dumps({"echo": {"n": n}}, separators=(",", ":"))]]
     trap_row = row(tenant, trapped)
     # A trap may succeed on another attempt; with one attempt allowed it is dead-lettered.
-    assert (trap_row.status, trap_row.error_code) == (Status.DEAD_LETTERED, ErrorCode.PANIC)
+    assert (trap_row.status, trap_row.error_code) == (RunStatus.DEAD_LETTERED, ErrorCode.PANIC)
     assert "unreachable" in trap_row.error
     refused_row = row(tenant, refused)
-    assert (refused_row.status, refused_row.error_code) == (Status.FAILED, ErrorCode.PERMANENT)
+    assert (refused_row.status, refused_row.error_code) == (RunStatus.FAILED, ErrorCode.PERMANENT)
     assert refused_row.error == "the order was refused"
     assert echo.ops() == ["echo"] * 3
 
@@ -152,8 +152,8 @@ def test_garbage_module_bytes_fail_that_run_without_stopping_the_loop(
 ) -> None:
     """A definition row whose stored bytes were corrupted after deployment (and so are in
     no module cache) fails its run with ``invalid_module``; other runs complete."""
-    services.deploy_definition(tenant, "victim", call_once())
-    services.deploy_definition(tenant, "good", fails_permanently())
+    definitions.deploy_definition(tenant, "victim", call_once())
+    definitions.deploy_definition(tenant, "good", fails_permanently())
     garbage = b"\x00asm\x01\x00\x00\x00 this is not a module"
     with tenant_context(tenant.id):
         WorkflowDefinition.objects.filter(tenant_id=tenant.id, name="victim").update(
@@ -164,7 +164,7 @@ def test_garbage_module_bytes_fail_that_run_without_stopping_the_loop(
 
     assert run_burst() == 2
     found = row(tenant, victim)
-    assert (found.status, found.error_code) == (Status.FAILED, ErrorCode.INVALID_MODULE)
+    assert (found.status, found.error_code) == (RunStatus.FAILED, ErrorCode.INVALID_MODULE)
     assert found.error
     assert row(tenant, other).error_code == ErrorCode.PERMANENT
     assert echo.calls == []
@@ -183,7 +183,7 @@ def test_a_database_error_in_the_loop_is_logged_and_the_loop_recovers(
         return real_claim(*args, **kw)
 
     monkeypatch.setattr(worker, "claim_ready_instances", flaky_claim)
-    services.deploy_definition(tenant, "good", call_once())
+    definitions.deploy_definition(tenant, "good", call_once())
     run = start(tenant, "good", {"n": 7})
     errors_before = REGISTRY.get_sample_value("cleat_worker_loop_errors_total") or 0.0
 
@@ -210,7 +210,7 @@ def test_stop_while_a_segment_runs_lets_it_finish_then_exits(tenant: Tenant) -> 
 
     set_services(Services.from_settings({"svc": FakeService({"echo": slow})}))
     try:
-        services.deploy_definition(tenant, "good", call_once())
+        definitions.deploy_definition(tenant, "good", call_once())
         first = start(tenant, "good", {"n": 1})
         second = start(tenant, "good", {"n": 2})
         w = Worker(options(concurrency=1, burst=False))
@@ -231,13 +231,13 @@ def test_stop_while_a_segment_runs_lets_it_finish_then_exits(tenant: Tenant) -> 
     assert returned == [1]
     assert result(tenant, first) == [[0, '{"slow":{"n":1}}']]
     untouched = row(tenant, second)
-    assert (untouched.status, untouched.generation) == (Status.READY, 0)
+    assert (untouched.status, untouched.generation) == (RunStatus.READY, 0)
 
 
 def test_runworker_burst_exits_zero_when_nothing_is_due(tenant: Tenant) -> None:
     """Nothing due (one run due in an hour, one on a queue the worker does not serve): the
     burst worker exits 0 at once and touches neither."""
-    services.deploy_definition(tenant, "good", call_once())
+    definitions.deploy_definition(tenant, "good", call_once())
     later = start(tenant, "good")
     with tenant_context(tenant.id):
         WorkflowInstance.objects.filter(id=later).update(
@@ -252,7 +252,7 @@ def test_runworker_burst_exits_zero_when_nothing_is_due(tenant: Tenant) -> None:
     assert time.monotonic() - started < 30
     for run in (later, str(elsewhere.id)):
         found = row(tenant, run)
-        assert (found.status, found.generation) == (Status.READY, 0)
+        assert (found.status, found.generation) == (RunStatus.READY, 0)
 
 
 @pytest.mark.postgres_only
@@ -329,10 +329,10 @@ def status_of(tenant: Tenant, run_id: str) -> str:
 def test_a_notify_wakes_an_idle_worker_long_before_its_poll_interval(tenant: Tenant) -> None:
     set_services(Services.from_settings({"svc": FakeService({"echo": {"ok": True}})}))
     try:
-        services.deploy_definition(tenant, "fast", call_op("echo"))
+        definitions.deploy_definition(tenant, "fast", call_op("echo"))
         with listening_worker():
             run = start(tenant, "fast", {"n": 1})
-            wait_for(lambda: status_of(tenant, run) == Status.DONE, WAKE_BOUND_S, "done")
+            wait_for(lambda: status_of(tenant, run) == RunStatus.DONE, WAKE_BOUND_S, "done")
     finally:
         set_services(None)
 
@@ -351,19 +351,19 @@ def test_a_run_started_while_a_segment_runs_is_claimed_at_once(tenant: Tenant) -
 
     set_services(Services.from_settings({"svc": FakeService({"slow": slow, "echo": {"ok": True}})}))
     try:
-        services.deploy_definition(tenant, "slow", call_op("slow"))
-        services.deploy_definition(tenant, "fast", call_op("echo"))
+        definitions.deploy_definition(tenant, "slow", call_op("slow"))
+        definitions.deploy_definition(tenant, "fast", call_op("echo"))
         with listening_worker(concurrency=2):
             blocked = start(tenant, "slow", {"n": 1})
             assert entered.wait(timeout=WAKE_BOUND_S), "the slow segment never started"
             time.sleep(0.2)  # the loop is asleep again, with a segment in flight
             quick = start(tenant, "fast", {"n": 2})
             try:
-                wait_for(lambda: status_of(tenant, quick) == Status.DONE, WAKE_BOUND_S, "done")
-                assert status_of(tenant, blocked) == Status.RUNNING
+                wait_for(lambda: status_of(tenant, quick) == RunStatus.DONE, WAKE_BOUND_S, "done")
+                assert status_of(tenant, blocked) == RunStatus.RUNNING
             finally:
                 go.set()
-            wait_for(lambda: status_of(tenant, blocked) == Status.DONE, 30, "the slow run done")
+            wait_for(lambda: status_of(tenant, blocked) == RunStatus.DONE, 30, "the slow run done")
     finally:
         go.set()
         set_services(None)
@@ -378,7 +378,7 @@ def test_the_listener_reconnects_and_catches_up_with_what_it_missed(
     monkeypatch.setattr(worker._PgListener, "BACKOFF_S", (2.0, 30.0))
     set_services(Services.from_settings({"svc": FakeService({"echo": {"ok": True}})}))
     try:
-        services.deploy_definition(tenant, "fast", call_op("echo"))
+        definitions.deploy_definition(tenant, "fast", call_op("echo"))
         with listening_worker() as w:
             listener = w._listener
             assert listener is not None
@@ -388,7 +388,7 @@ def test_the_listener_reconnects_and_catches_up_with_what_it_missed(
                 assert cursor.fetchone()[0] is True
             wait_for(lambda: not listener.connected.is_set(), 10, "the listener noticed")
             run = start(tenant, "fast", {"n": 1})  # notified to nobody
-            wait_for(lambda: status_of(tenant, run) == Status.DONE, WAKE_BOUND_S, "done")
+            wait_for(lambda: status_of(tenant, run) == RunStatus.DONE, WAKE_BOUND_S, "done")
             assert listener.connected.is_set()
             assert listener._conn.info.backend_pid != first_pid
     finally:
@@ -404,7 +404,7 @@ def test_a_segment_whose_idle_connection_died_reads_again_on_a_new_one(
     from workflows.executor import execute_claim
     from workflows.store.lifecycle import claim_ready_instances
 
-    services.deploy_definition(tenant, "good", call_once())
+    definitions.deploy_definition(tenant, "good", call_once())
     run = start(tenant, "good", {"n": 3})
     [claim] = claim_ready_instances("w-dead", ["default"], 1, timezone.now())
     connection.ensure_connection()
@@ -434,8 +434,52 @@ def test_the_worker_moves_what_is_alive_at_its_start_out_of_the_collectors_way(
     of milliseconds: the first worker of a process freezes them (``gc.freeze``)."""
     import gc
 
-    services.deploy_definition(tenant, "good", call_once())
+    definitions.deploy_definition(tenant, "good", call_once())
     run = start(tenant, "good", {"n": 1})
     assert run_burst() == 1
     assert gc.get_freeze_count() > 0
     assert result(tenant, run) == [[0, '{"echo":{"n":1}}']]
+
+
+def test_a_deadlocked_finalize_is_run_again_without_remaking_the_segment(
+    tenant: Tenant, echo: FakeService, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A deadlock victim's transaction was rolled back whole: the finalize runs again at
+    once, so the run completes in its first segment, its call made once, no attempt spent."""
+    from django.db import OperationalError
+
+    from workflows import executor
+
+    real = executor.finalize_segment
+    deadlocks = []
+
+    def deadlocking(*args: Any, **kw: Any) -> Any:
+        if not deadlocks:
+            deadlocks.append(args)
+            raise OperationalError(1213, "Deadlock found when trying to get lock")
+        return real(*args, **kw)
+
+    monkeypatch.setattr(executor, "finalize_segment", deadlocking)
+    definitions.deploy_definition(tenant, "good", call_once())
+    run = start(tenant, "good", {"n": 1})
+    assert run_burst() == 1
+    assert len(deadlocks) == 1
+    assert result(tenant, run) == [[0, json.dumps({"echo": {"n": 1}}, separators=(",", ":"))]]
+    assert row(tenant, run).attempt == 1
+    assert echo.ops() == ["echo"]
+
+
+def test_only_deadlocks_count_as_deadlocks() -> None:
+    from django.db import OperationalError
+
+    from workflows.executor import is_deadlock
+
+    class Cause(Exception):
+        sqlstate = "40P01"
+
+    pg = OperationalError("deadlock detected")
+    pg.__cause__ = Cause()
+    assert is_deadlock(OperationalError(1213, "Deadlock found"))
+    assert is_deadlock(pg)
+    assert not is_deadlock(OperationalError(2006, "MySQL server has gone away"))
+    assert not is_deadlock(OperationalError("the connection is closed"))

@@ -28,8 +28,8 @@ from engine.events import CallEvent, EncodedEvent, decode, verify
 from tests.fixtures.wat import Wat
 from tests.integration.support.ledger import Ledger
 from tests.integration.support.processes import WorkerProcess, command_env, wait_until
-from workflows import services
-from workflows.models import Status, Tenant, WorkflowDefinition, WorkflowEvent, WorkflowInstance
+from workflows import definitions, services
+from workflows.models import RunStatus, Tenant, WorkflowDefinition, WorkflowEvent, WorkflowInstance
 from workflows.tenancy import tenant_context
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.postgres_only]
@@ -57,7 +57,7 @@ def ledger() -> Iterator[Ledger]:
 
 @pytest.fixture
 def deployed(tenant: Tenant) -> Tenant:
-    services.deploy_definition(tenant, "transfer", transfer())
+    definitions.deploy_definition(tenant, "transfer", transfer())
     return tenant
 
 
@@ -212,14 +212,18 @@ def test_a_worker_killed_mid_call_is_reaped_and_the_key_deduplicates_the_resend(
     ledger.release()
     with tenant_context(deployed.id):
         orphaned = dict(
-            WorkflowInstance.objects.filter(status=Status.RUNNING).values_list("id", "assigned_to")
+            WorkflowInstance.objects.filter(status=RunStatus.RUNNING).values_list(
+                "id", "assigned_to"
+            )
         )
     assert set(orphaned.values()) == {"crash-a"} and len(orphaned) == 4
-    assert statuses(deployed)[Status.READY] == 4
+    assert statuses(deployed)[RunStatus.READY] == 4
 
     # A little more lease than a: on a loaded machine b must not reap its own runs.
     with worker(tmp_path, "crash-b", ledger, "--concurrency", "4", "--lease", "3") as b:
-        wait_until(lambda: statuses(deployed)[Status.DONE] == len(runs), 60, "every run done", 0.2)
+        wait_until(
+            lambda: statuses(deployed)[RunStatus.DONE] == len(runs), 60, "every run done", 0.2
+        )
         b.terminate()
         assert b.wait(timeout=30) == 0, b.log()
 
@@ -259,9 +263,9 @@ def test_sigterm_lets_the_running_segment_finish_then_exits(
     with tenant_context(deployed.id):
         done = WorkflowInstance.objects.get(id=next(iter(first)))
         waiting = WorkflowInstance.objects.get(id=second.id)
-    assert done.status == Status.DONE
+    assert done.status == RunStatus.DONE
     assert json.loads(done.result) == [[0, e.response] for e in ledger.entries.values()]
-    assert waiting.status == Status.READY and waiting.generation == 0
+    assert waiting.status == RunStatus.READY and waiting.generation == 0
     assert [(s.run_id, s.outcome) for s in w.segments()] == [(str(done.id), "completed")]
     assert "processed=1" in w.log()
 

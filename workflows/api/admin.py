@@ -2,7 +2,10 @@
 switches tenant in the console): create one (the key is shown once, in the message after
 saving), list them, revoke them. Keys are created by ``workflows.api.keys`` like the
 ``create_api_key`` command does; only their hash is stored. A key is never deleted, only
-revoked, so the audit log can still name it."""
+revoked, so the audit log can still name it.
+
+Creating a key needs ``add_apikey`` *and* the permissions of the key's role
+(``workflows.api.keys.ROLE_PERMISSIONS``): a key can do no more than its creator could."""
 
 from __future__ import annotations
 
@@ -10,43 +13,59 @@ from typing import Any
 
 from django import forms
 from django.contrib import admin, messages
-from django.core.exceptions import PermissionDenied
 from django.db.models import QuerySet
 from django.http import HttpRequest
 
-from workflows.api.keys import issue_api_key, revoke_api_key
-from workflows.models import ApiKey, Role, Tenant
-
-
-def _tenant(request: HttpRequest) -> Tenant:
-    tenant = getattr(request, "cleat_tenant", None)
-    if tenant is None:  # the tenant middleware sets it on every /admin/ request
-        raise PermissionDenied("no tenant context")
-    return tenant
+from workflows.api.keys import (
+    RoleNotHeld,
+    issue_api_key,
+    require_role_held,
+    revoke_api_key,
+    roles_of_user,
+)
+from workflows.console.scoping import TenantScopedAdmin
+from workflows.console.scoping import request_tenant as _tenant
+from workflows.models import ApiKey, Role
 
 
 class ApiKeyCreationForm(forms.ModelForm):
+    issuer: Any = None  # the console user creating the key (set per request by the admin)
+
     class Meta:
         model = ApiKey
         fields = ["name", "role"]
 
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        held = roles_of_user(self.issuer)
+        self.fields["role"].help_text = (
+            f"You may create keys with the role{'s' if len(held) != 1 else ''} "
+            f"{', '.join(held) or '(none)'}: a key's role needs its permissions."
+        )
+
+    def clean_role(self) -> str:
+        role = str(self.cleaned_data.get("role") or Role.OPERATOR)
+        try:
+            require_role_held(self.issuer, role)
+        except RoleNotHeld as exc:
+            raise forms.ValidationError(exc.message, code="permission_denied") from None
+        return role
+
 
 @admin.register(ApiKey)
-class ApiKeyAdmin(admin.ModelAdmin):
+class ApiKeyAdmin(TenantScopedAdmin):
     list_display = ("name", "prefix", "role", "created_at", "last_used_at", "revoked_at")
     list_filter = ("role",)
     search_fields = ("name", "prefix")
     actions = ["revoke"]
 
-    def get_queryset(self, request: HttpRequest) -> QuerySet[ApiKey]:
-        # RLS scopes this on PostgreSQL; on the other backends this filter is the only fence.
-        return super().get_queryset(request).filter(tenant_id=_tenant(request).id)
-
     def get_form(
         self, request: HttpRequest, obj: Any = None, change: bool = False, **kwargs: Any
     ) -> Any:
         if obj is None:
-            kwargs["form"] = ApiKeyCreationForm
+            kwargs["form"] = type(
+                "ApiKeyCreationFormForIssuer", (ApiKeyCreationForm,), {"issuer": request.user}
+            )
         return super().get_form(request, obj, change=change, **kwargs)
 
     def get_fields(self, request: HttpRequest, obj: Any = None) -> list[str]:
@@ -70,6 +89,7 @@ class ApiKeyAdmin(admin.ModelAdmin):
             _tenant(request),
             form.cleaned_data["name"],
             form.cleaned_data.get("role") or Role.OPERATOR,
+            issuer=request.user,
         )
         obj.pk, obj.tenant = key.pk, key.tenant
         obj.prefix, obj.key_hash, obj.created_at = key.prefix, key.key_hash, key.created_at

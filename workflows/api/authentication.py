@@ -22,12 +22,9 @@ from rest_framework.authentication import (
 )
 from rest_framework.request import Request
 
-from workflows.api.keys import record_use, resolve_api_key
+from workflows.api.keys import record_use, resolve_api_key, role_of_user
 from workflows.middleware import console_tenant
-from workflows.models import Role, Tenant
-
-# The console's permission to act on runs (workflows/console/views.py).
-OPERATE_PERMISSION = "workflows.change_workflowinstance"
+from workflows.models import Tenant
 
 
 @dataclass(frozen=True)
@@ -105,8 +102,8 @@ class ApiKeyAuthentication(BaseAuthentication):
 class StaffSessionAuthentication(SessionAuthentication):
     """The admin's session, for staff users only (CSRF-checked like any session), in the
     console's tenant (``workflows.middleware.console_tenant``: a superuser's chosen tenant,
-    a bound staff user's own). Superusers act as ``admin``; other staff as ``operator`` when
-    they may operate runs in the console, else ``read_only``."""
+    a bound staff user's own), with the strongest role the user's console permissions give
+    (``workflows.api.keys.role_of_user``: superusers ``admin``)."""
 
     def authenticate(self, request: Request) -> tuple[Any, ApiIdentity] | None:
         found = super().authenticate(request)
@@ -120,10 +117,9 @@ class StaffSessionAuthentication(SessionAuthentication):
             raise exceptions.AuthenticationFailed(
                 "This staff account is not bound to an active tenant."
             )
-        if user.is_superuser:
-            role = Role.ADMIN
-        elif user.has_perm(OPERATE_PERMISSION):
-            role = Role.OPERATOR
-        else:
-            role = Role.READ_ONLY
+        role = role_of_user(user)
+        if role is None:
+            raise exceptions.PermissionDenied(
+                "This staff account may not view workflow runs, so it may not use the API."
+            )
         return user, ApiIdentity(tenant, role, f"user:{user.get_username()}")

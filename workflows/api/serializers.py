@@ -15,7 +15,6 @@ from collections.abc import Mapping
 from functools import lru_cache
 from typing import Any
 
-from django.conf import settings
 from drf_spectacular.types import OpenApiTypes
 from drf_spectacular.utils import extend_schema_field
 from rest_framework import serializers
@@ -25,32 +24,26 @@ from engine.events import CodecError, EncodedEvent, decode
 from engine.redaction import Redactor
 from engine.storable import parse_readable, readable
 from workflows.models import (
+    NAME_PATTERN,
+    PRIORITY_MAX,
+    PRIORITY_MIN,
     Promise,
     RoutingRule,
+    RunStatus,
     Signal,
-    Status,
     UpdateRequest,
     VersionTag,
     WorkflowDefinition,
     WorkflowEvent,
     WorkflowInstance,
 )
+from workflows.redaction import redactor
 
 INT32_MAX = 2**31 - 1
 INT32_MIN = -(2**31)
-NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,127}$"
 TAG_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$"
 MAX_REASON = 2000
 MAX_UPDATE_WAIT_SECONDS = 30.0
-
-
-def redactor() -> Redactor:
-    return _redactor_for(str(getattr(settings, "CLEAT_REDACT_PATTERNS_FILE", "") or ""))
-
-
-@lru_cache(maxsize=4)
-def _redactor_for(path: str) -> Redactor:
-    return Redactor.with_pattern_file(path or None)
 
 
 def json_text(value: Any) -> str:
@@ -371,7 +364,14 @@ class StartRunSerializer(KnownFieldsOnly):
         help_text="Starting again with the same key returns the existing run (200).",
     )
     priority = serializers.IntegerField(
-        required=False, default=0, min_value=INT32_MIN, max_value=INT32_MAX
+        required=False,
+        default=0,
+        min_value=PRIORITY_MIN,
+        max_value=PRIORITY_MAX,
+        help_text=(
+            "Orders this tenant's own runs (claims take turns between tenants); at most the "
+            "key's role allows (CLEAT_PRIORITY_MAX_BY_ROLE)."
+        ),
     )
     task_queue = serializers.CharField(required=False, default="default", max_length=64)
     workflow_id = serializers.CharField(required=False, max_length=128)
@@ -388,7 +388,7 @@ def _choices(values: list[str]) -> str:
 
 
 class RunFilterSerializer(serializers.Serializer):
-    status = serializers.ChoiceField(choices=Status.choices, required=False)
+    status = serializers.ChoiceField(choices=RunStatus.choices, required=False)
     definition = serializers.RegexField(NAME_PATTERN, max_length=128, required=False)
     version = serializers.IntegerField(required=False, min_value=1, max_value=INT32_MAX)
     error_code = serializers.ChoiceField(

@@ -1,15 +1,16 @@
-"""Routes of the REST API (``/api/v1/``), its schema and docs, and the operations
-endpoints. No trailing slashes: ``POST /api/v1/workflows/<run>/signal``."""
+"""Routes of the REST API: the workflows' resources (``router``, mounted under ``/api/v1/``
+by ``cleat_project/urls.py`` together with the routers of the apps built on workflows), the
+schema and docs, and the operations endpoints. No trailing slashes:
+``POST /api/v1/workflows/<run>/signal``."""
 
 from __future__ import annotations
 
-from django.urls import include, path, re_path
+from django.urls import path, re_path
 from drf_spectacular.views import SpectacularAPIView, SpectacularSwaggerView
 from rest_framework.routers import SimpleRouter
 
 from workflows.api.errors import not_found_view
 from workflows.api.health import HealthView, MetricsView
-from workflows.api.schedules import ScheduleViewSet
 from workflows.api.views import (
     NAME_REGEX,
     DefinitionVersionViewSet,
@@ -27,10 +28,10 @@ router.register(
 )
 router.register("workflows", WorkflowViewSet, basename="workflow")
 router.register("promises", PromiseViewSet, basename="promise")
-router.register("schedules", ScheduleViewSet, basename="schedule")
 
+# Included after every app's /api/v1/ routes (cleat_project/urls.py): the catch-all below
+# must come last.
 urlpatterns = [
-    path("api/v1/", include(router.urls)),
     path("api/schema/", SpectacularAPIView.as_view(), name="api-schema"),
     path("api/docs/", SpectacularSwaggerView.as_view(url_name="api-schema"), name="api-docs"),
     # Anything else under /api/ is a JSON 404, whatever DEBUG says.

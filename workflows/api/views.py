@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
+from contextlib import ExitStack
 from datetime import timedelta
 from typing import Any, TypeVar
 
@@ -57,7 +58,7 @@ from workflows.models import (
     WorkflowEvent,
     WorkflowInstance,
 )
-from workflows.tenancy import tenant_context
+from workflows.tenancy import of_tenant, tenant_context
 
 API_REQUESTS = Counter(
     "cleat_api_requests_total", "REST API requests", ["method", "endpoint", "status"]
@@ -128,41 +129,31 @@ class TenantViewSet(viewsets.GenericViewSet):
         return self.identity.operator
 
     def dispatch(self, request: Any, *args: Any, **kwargs: Any) -> Any:
-        # DRF's dispatch, with the handler (and the rendering, which may read lazily loaded
-        # rows) inside the tenant context.
+        # DRF's dispatch inside a scope that ``initial`` enters the tenant context in, once
+        # authentication has named the tenant. The handler and the rendering (which may read
+        # lazily loaded rows) run inside it; ``handle_exception`` leaves it first, with the
+        # error, so that the handler's writes roll back. A failed render or commit is answered
+        # like any other error.
         started = time.monotonic()
-        self.args, self.kwargs = args, kwargs
-        request = self.initialize_request(request, *args, **kwargs)
-        self.request = request
-        self.headers = self.default_response_headers
-        try:
-            self.initial(request, *args, **kwargs)
-            method = request.method.lower()
-            handler = (
-                getattr(self, method, self.http_method_not_allowed)
-                if method in self.http_method_names
-                else self.http_method_not_allowed
-            )
-            if getattr(handler, "own_transactions", False):
-                response = handler(request, *args, **kwargs)
-            else:
-                with tenant_context(self.tenant.id):
-                    response = handler(request, *args, **kwargs)
-                    response = self.finalize_response(request, response, *args, **kwargs)
-                    if isinstance(response, Response):
-                        response.render()
-        except Exception as exc:
-            response = self.handle_exception(exc)
-        self.response = self.finalize_response(request, response, *args, **kwargs)
-        method = method_label(request.method)
+        with ExitStack() as self._tenant_scope:
+            response = super().dispatch(request, *args, **kwargs)
+            try:
+                if isinstance(response, Response):
+                    response.render()
+                self._tenant_scope.close()
+            except Exception as exc:
+                response = self.finalize_response(
+                    self.request, self.handle_exception(exc), *args, **kwargs
+                )
+        method = method_label(self.request.method)
         action = self.action if method != "other" else None  # None for a method not routed
         API_REQUESTS.labels(
             method,
             getattr(self, "basename", "?") + "." + str(action),
-            status_label(self.response.status_code),
+            status_label(response.status_code),
         ).inc()
         API_SECONDS.labels(method).observe(time.monotonic() - started)
-        return self.response
+        return response
 
     def initial(self, request: Request, *args: Any, **kwargs: Any) -> None:
         super().initial(request, *args, **kwargs)
@@ -170,6 +161,14 @@ class TenantViewSet(viewsets.GenericViewSet):
         limit = self.body_limit()
         if length.isdigit() and int(length) > limit:
             raise PayloadTooLarge(f"The request body is larger than {limit} bytes.")
+        handler = getattr(self, request.method.lower(), None)
+        if not getattr(handler, "own_transactions", False):
+            self._tenant_scope.enter_context(tenant_context(self.tenant.id))
+
+    def handle_exception(self, exc: Exception) -> Any:
+        # Leave the tenant context with the error, so that its transaction rolls back.
+        self._tenant_scope.__exit__(type(exc), exc, exc.__traceback__)
+        return super().handle_exception(exc)
 
     def body_limit(self) -> int:
         return max_body_bytes()
@@ -233,7 +232,7 @@ class DefinitionViewSet(TenantViewSet):
     def get_queryset(self) -> QuerySet[WorkflowDefinition]:
         if getattr(self, "swagger_fake_view", False):
             return WorkflowDefinition.objects.none()
-        return _with_active_runs(WorkflowDefinition.objects.filter(tenant_id=self.tenant.id))
+        return _with_active_runs(of_tenant(WorkflowDefinition, self.tenant))
 
     @extend_schema(
         summary="List deployed versions",
@@ -283,7 +282,7 @@ class DefinitionViewSet(TenantViewSet):
                 raise PayloadTooLarge(f"The module is larger than {max_module_bytes()} bytes.")
             wasm = upload.read()
         name = options.pop("name")
-        definition = services.deploy_definition(self.tenant, name, wasm, **options)
+        definition = definitions.deploy_definition(self.tenant, name, wasm, **options)
         definition.active_runs = 0  # type: ignore[attr-defined]
         return Response(s.DefinitionSerializer(definition).data, status=status.HTTP_201_CREATED)
 
@@ -293,14 +292,15 @@ class DefinitionViewSet(TenantViewSet):
     )
     def retrieve(self, request: Request, name: str) -> Response:
         rows = list(
-            WorkflowDefinition.objects.filter(tenant_id=self.tenant.id, name=name)
+            of_tenant(WorkflowDefinition, self.tenant)
+            .filter(name=name)
             .order_by("version")
             .values_list("version", "deprecated")
         )
         if not rows:
             raise services.NotFound(f"no workflow definition named {name!r}", "name")
-        tags = VersionTag.objects.filter(tenant_id=self.tenant.id, name=name)
-        rules = RoutingRule.objects.filter(tenant_id=self.tenant.id, name=name)
+        tags = of_tenant(VersionTag, self.tenant).filter(name=name)
+        rules = of_tenant(RoutingRule, self.tenant).filter(name=name)
         return Response(
             {
                 "name": name,
@@ -345,7 +345,9 @@ class DefinitionViewSet(TenantViewSet):
     def tag(self, request: Request, name: str, tag: str) -> Response:
         if request.method == "GET":
             definition = definitions.resolve_tag(self.tenant, name, tag)
-            found = _with_active_runs(WorkflowDefinition.objects.filter(id=definition.id)).get()
+            found = _with_active_runs(
+                of_tenant(WorkflowDefinition, self.tenant).filter(id=definition.id)
+            ).get()
             return Response(s.DefinitionSerializer(found).data)
         definitions.remove_tag(self.tenant, name, tag, self.operator)
         return Response(status=status.HTTP_204_NO_CONTENT)
@@ -436,7 +438,7 @@ class DefinitionVersionViewSet(TenantViewSet):
         if getattr(self, "swagger_fake_view", False):
             return WorkflowDefinition.objects.none()
         return _with_active_runs(
-            WorkflowDefinition.objects.filter(tenant_id=self.tenant.id, name=self.kwargs["name"])
+            of_tenant(WorkflowDefinition, self.tenant).filter(name=self.kwargs["name"])
         )
 
     def _version(self) -> int:
@@ -553,7 +555,7 @@ class WorkflowViewSet(TenantViewSet):
         if getattr(self, "swagger_fake_view", False):
             return WorkflowInstance.objects.none()
         return (
-            WorkflowInstance.objects.filter(tenant_id=self.tenant.id)
+            of_tenant(WorkflowInstance, self.tenant)
             .select_related("continued_as")
             .defer("compaction_state", "continued_as__compaction_state")
         )
@@ -613,6 +615,7 @@ class WorkflowViewSet(TenantViewSet):
                 task_queue=body["task_queue"],
                 workflow_id=body.get("workflow_id"),
                 entry_point=body["entry_point"],
+                max_priority=services.priority_ceiling(self.identity.role),
             )
         except services.NotFound as exc:
             # The request names something that does not exist: bad input, not a missing URL.
@@ -639,7 +642,7 @@ class WorkflowViewSet(TenantViewSet):
     def events(self, request: Request, run_id: str) -> Response:
         query = self.params(s.EventsQuerySerializer)
         run = services.get_instance(self.tenant, run_id)
-        events = WorkflowEvent.objects.filter(tenant_id=self.tenant.id, instance_id=run.id)
+        events = of_tenant(WorkflowEvent, self.tenant).filter(instance_id=run.id)
         page = self.paginate_queryset(events)
         context = {**self.get_serializer_context(), "decoded": query["decoded"]}
         return self.get_paginated_response(s.EventSerializer(page, many=True, context=context).data)
@@ -843,7 +846,7 @@ class PromiseViewSet(TenantViewSet):
     def get_queryset(self) -> QuerySet[Promise]:
         if getattr(self, "swagger_fake_view", False):
             return Promise.objects.none()
-        return Promise.objects.filter(tenant_id=self.tenant.id)
+        return of_tenant(Promise, self.tenant)
 
     def _promise(self, promise_id: str) -> Promise:
         found = self.get_queryset().filter(id=promise_id).first()

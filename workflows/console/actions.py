@@ -28,7 +28,7 @@ from django import forms
 from engine.errors import ErrorCode
 from engine.storable import json_text_fault
 from workflows import services as svc
-from workflows.models import Status, Tenant, WorkflowInstance
+from workflows.models import RunStatus, Tenant, WorkflowInstance
 from workflows.tenancy import tenant_context
 
 
@@ -153,8 +153,8 @@ def _signal(t: Tenant, run: str, gen: int, data: dict[str, Any], op: str) -> Any
     )
 
 
-_ACTIVE = frozenset({Status.READY, Status.RUNNING, Status.PAUSED})
-_CLOSED_BADLY = frozenset({Status.FAILED, Status.DEAD_LETTERED})
+_ACTIVE = frozenset({RunStatus.READY, RunStatus.RUNNING, RunStatus.PAUSED})
+_CLOSED_BADLY = frozenset({RunStatus.FAILED, RunStatus.DEAD_LETTERED})
 
 ACTIONS: dict[str, RunAction] = {
     a.name: a
@@ -176,7 +176,7 @@ ACTIONS: dict[str, RunAction] = {
             "history (nothing recorded is called again). Use it after deploying a fix for a "
             "non-determinism or to re-derive the query state.",
             ActionForm,
-            frozenset({Status.READY, Status.DONE, *_CLOSED_BADLY, Status.TERMINATED}),
+            frozenset({RunStatus.READY, RunStatus.DONE, *_CLOSED_BADLY, RunStatus.TERMINATED}),
             _re_replay,
             generation_in_service=True,
         ),
@@ -195,7 +195,7 @@ ACTIONS: dict[str, RunAction] = {
             "Stops a ready run from being claimed (it keeps its place and everything it waits "
             "for). Use it to hold a run while you investigate.",
             ActionForm,
-            frozenset({Status.READY}),
+            frozenset({RunStatus.READY}),
             _pause,
         ),
         RunAction(
@@ -203,7 +203,7 @@ ACTIONS: dict[str, RunAction] = {
             "Resume",
             "Makes a paused run ready and due again.",
             ActionForm,
-            frozenset({Status.PAUSED}),
+            frozenset({RunStatus.PAUSED}),
             _resume,
         ),
         RunAction(
@@ -231,7 +231,7 @@ ACTIONS: dict[str, RunAction] = {
             "Ends the run as done with the result you give, without running its code (its "
             "parent receives that result). Use it when the work was finished by hand.",
             ForceCompleteForm,
-            frozenset({*_ACTIVE, *_CLOSED_BADLY, Status.TERMINATED}),
+            frozenset({*_ACTIVE, *_CLOSED_BADLY, RunStatus.TERMINATED}),
             _force_complete,
             generation_in_service=True,
             danger=True,

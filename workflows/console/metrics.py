@@ -13,10 +13,11 @@ from datetime import datetime, timedelta
 from django.db.models import Count, Min, Q, QuerySet
 from django.db.models.functions import TruncMinute
 
-from workflows.models import TERMINAL_STATUSES, Status, Tenant, WorkflowInstance
+from workflows.models import TERMINAL_STATUSES, RunStatus, Tenant, WorkflowInstance
+from workflows.tenancy import of_tenant
 
 WINDOW_MINUTES = 60
-_FAILED = (Status.FAILED, Status.DEAD_LETTERED, Status.TERMINATED)
+_FAILED = (RunStatus.FAILED, RunStatus.DEAD_LETTERED, RunStatus.TERMINATED)
 
 
 @dataclass
@@ -90,18 +91,18 @@ def _per_minute(
 
 
 def dashboard(tenant: Tenant, now: datetime, definition: str | None = None) -> Dashboard:
-    runs = WorkflowInstance.objects.filter(tenant_id=tenant.id)
+    runs = of_tenant(WorkflowInstance, tenant.id)
     if definition:
         runs = runs.filter(definition_name=definition)
     last = now.replace(second=0, microsecond=0)
     minutes = [last - timedelta(minutes=i) for i in range(WINDOW_MINUTES - 1, -1, -1)]
-    by_status = {s.value: 0 for s in Status}
+    by_status = {s.value: 0 for s in RunStatus}
     for row in runs.values("status").annotate(n=Count("id")).order_by():
         by_status[row["status"]] = row["n"]
     starts = _per_minute(runs, "created_at", minutes)
-    completions = _per_minute(runs, "completed_at", minutes, Q(status=Status.DONE))
+    completions = _per_minute(runs, "completed_at", minutes, Q(status=RunStatus.DONE))
     failures = _per_minute(runs, "completed_at", minutes, Q(status__in=_FAILED))
-    due = runs.filter(status=Status.READY, next_wake_at__lte=now)
+    due = runs.filter(status=RunStatus.READY, next_wake_at__lte=now)
     ready = due.aggregate(n=Count("id"), oldest=Min("next_wake_at"))
     return Dashboard(
         now=now,
@@ -136,7 +137,7 @@ def _per_definition(
         item = entry(row["definition_name"])
         item.finished_last_hour, item.failed_last_hour = row["n"], row["failed"]
     for row in (
-        runs.filter(status=Status.READY, next_wake_at__lte=now)
+        runs.filter(status=RunStatus.READY, next_wake_at__lte=now)
         .values("definition_name")
         .annotate(n=Count("id"), oldest=Min("next_wake_at"))
         .order_by()

@@ -12,17 +12,28 @@ cannot answer. Two fences make sure of it:
 
 Replaying also re-checks the prefix: a module that no longer matches the history shows the
 non-determinism here, as a worker would meet it.
+
+The replay runs in the web process, on the request's thread, so it gets a deadline of its own,
+``CLEAT_CONSOLE_REPLAY_TIMEOUT_SECONDS`` (default 2 s), far below a worker's segment deadline
+(``CLEAT_SEGMENT_TIMEOUT_SECONDS``, 30 s): a module that spins, or a long history, must not
+hold a web thread for half a minute per click. The deadline belongs to the runtime (its epoch
+deadline is set per store from the configuration), so the console has a runtime of its own,
+made on first use; the worker's is untouched.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import json
+import threading
 from collections.abc import Collection, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from django.conf import settings
+
 from engine.errors import ErrorCode, InvalidModule
-from engine.events import EncodedEvent
+from engine.runtime import WasmRuntime
 from engine.services import CallResult, Services
 from engine.session import (
     Completed,
@@ -36,6 +47,7 @@ from engine.session import (
 )
 from engine.storage import RunRef
 from workflows.models import WorkflowDefinition, WorkflowEvent, WorkflowInstance
+from workflows.tenancy import of_tenant
 
 # Failures that say the replay itself could not follow the history (not the run's own end).
 _REPLAY_PROBLEMS = frozenset(
@@ -47,6 +59,49 @@ _REPLAY_PROBLEMS = frozenset(
         ErrorCode.GUEST_FAULT,
     }
 )
+
+
+DEFAULT_REPLAY_TIMEOUT_S = 2.0
+TIMEOUT_SETTING = "CLEAT_CONSOLE_REPLAY_TIMEOUT_SECONDS"
+
+_runtime: WasmRuntime | None = None
+_runtime_lock = threading.Lock()
+
+
+class ReplaySettingError(ValueError):
+    """``CLEAT_CONSOLE_REPLAY_TIMEOUT_SECONDS`` is not a usable number of seconds."""
+
+
+def replay_timeout_s() -> float:
+    raw = getattr(settings, TIMEOUT_SETTING, DEFAULT_REPLAY_TIMEOUT_S)
+    try:
+        value = float(raw)
+    except (TypeError, ValueError):
+        value = -1.0
+    if not value > 0:
+        raise ReplaySettingError(f"{TIMEOUT_SETTING} must be a positive number of seconds")
+    return value
+
+
+def console_runtime() -> WasmRuntime:
+    """The console's runtime: the worker's configuration with the console's deadline (made
+    again when the setting changes, as tests do)."""
+    from workflows.conf import cleat_settings
+
+    global _runtime
+    timeout = replay_timeout_s()
+    with _runtime_lock:
+        if _runtime is None or _runtime.config.segment_timeout_s != timeout:
+            engine = cleat_settings().engine
+            tick = min(engine.epoch_tick_s, timeout / 10)
+            try:
+                config = dataclasses.replace(engine, segment_timeout_s=timeout, epoch_tick_s=tick)
+            except ValueError as exc:
+                raise ReplaySettingError(f"{TIMEOUT_SETTING}: {exc}") from None
+            previous, _runtime = _runtime, WasmRuntime(config)
+            if previous is not None:
+                previous.close()
+        return _runtime
 
 
 class _PastTheCut(Suspend):
@@ -141,24 +196,22 @@ def _parsed(state: dict[str, str]) -> dict[str, Any]:
 
 def state_at_step(instance: WorkflowInstance, step: int) -> StateAtStep:
     """Replay ``instance`` (read in the caller's tenant context) to its first ``step`` events."""
-    from workflows.executor import get_runtime
-
-    rows = list(
-        WorkflowEvent.objects.filter(instance_id=instance.id, tenant_id=instance.tenant_id)
-        .order_by("step")
-        .values_list("step", "type_code", "timestamp_ms", "payload", "checksum")
-    )
-    total = len(rows)
+    stored = WorkflowEvent.history(instance.tenant_id, instance.id)
+    total = len(stored)
     step = max(0, min(step, total))
-    history = [EncodedEvent(*row) for row in rows[:step]]
+    history = stored[:step]
     definition = (
-        WorkflowDefinition.objects.filter(id=instance.definition_id, tenant_id=instance.tenant_id)
+        of_tenant(WorkflowDefinition, instance.tenant_id)
+        .filter(id=instance.definition_id)
         .values("sha256", "wasm")
         .first()
     )
     if definition is None:
         return StateAtStep(step, total, {}, "the run's definition is gone", error=True)
-    runtime = get_runtime()
+    try:
+        runtime = console_runtime()
+    except ReplaySettingError as exc:
+        return StateAtStep(step, total, {}, f"the replay is not configured: {exc}", error=True)
     try:
         module = runtime.modules.peek(definition["sha256"]) or runtime.load(
             bytes(definition["wasm"]), definition["sha256"]
@@ -187,6 +240,16 @@ def state_at_step(instance: WorkflowInstance, step: int) -> StateAtStep:
         return StateAtStep(step, total, state, f"replayed {result.replayed_steps} event(s)")
     if isinstance(outcome, Completed):
         return StateAtStep(step, total, state, "the run completes within these events")
+    if isinstance(outcome, Failed) and outcome.code == ErrorCode.TIMEOUT:
+        return StateAtStep(
+            step,
+            total,
+            {},
+            f"the replay was stopped after {runtime.config.segment_timeout_s:g} s, the "
+            f"console's limit ({TIMEOUT_SETTING}): replaying these events takes the module "
+            "longer than that, so their state cannot be shown here",
+            error=True,
+        )
     if isinstance(outcome, Failed) and outcome.code in _REPLAY_PROBLEMS:
         return StateAtStep(
             step, total, state, f"replay failed: {outcome.code.value}: {outcome.message}", True

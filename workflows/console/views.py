@@ -14,7 +14,13 @@ from django.contrib import admin, messages
 from django.core.exceptions import PermissionDenied
 from django.core.paginator import Paginator
 from django.db.models import Count, Max, Min, QuerySet
-from django.http import Http404, HttpRequest, HttpResponse, HttpResponseRedirect
+from django.http import (
+    Http404,
+    HttpRequest,
+    HttpResponse,
+    HttpResponseNotAllowed,
+    HttpResponseRedirect,
+)
 from django.shortcuts import redirect
 from django.template.response import TemplateResponse
 from django.urls import NoReverseMatch, reverse
@@ -37,18 +43,22 @@ from workflows.console.display import (
 )
 from workflows.console.forms import DeployForm, RoutingForm, TagForm
 from workflows.console.replay import state_at_step
+from workflows.console.scoping import request_tenant
 from workflows.middleware import SESSION_KEY
 from workflows.models import (
     ACTIVE_STATUSES,
     AuditLog,
+    RunStatus,
     Signal,
-    Status,
     Tenant,
     VersionTag,
     WorkflowDefinition,
     WorkflowEvent,
     WorkflowInstance,
+    continue_chain,
 )
+from workflows.redaction import redacted_query_state, redacted_text, redacted_value
+from workflows.tenancy import of_tenant
 
 EVENTS_PER_PAGE = 50
 MAX_BULK = 500
@@ -56,11 +66,7 @@ CHAIN_LIMIT = 50
 OPERATE_PERMISSION = "workflows.change_workflowinstance"
 
 
-def tenant_of(request: HttpRequest) -> Tenant:
-    tenant = getattr(request, "cleat_tenant", None)
-    if tenant is None:  # the middleware sets it on every /admin/ request
-        raise PermissionDenied("no tenant context")
-    return tenant
+tenant_of = request_tenant  # the request's console tenant (set by the middleware)
 
 
 def operator_of(request: HttpRequest) -> str:
@@ -94,26 +100,21 @@ def changelist_url() -> str:
     return reverse("admin:workflows_workflowinstance_changelist")
 
 
-def _instance_or_none(request: HttpRequest, object_id: str) -> WorkflowInstance | None:
-    tenant = tenant_of(request)
+def _instance_or_404(request: HttpRequest, object_id: str) -> WorkflowInstance:
+    """The console tenant's run ``object_id``; 404 for any other id (another tenant's run
+    included: the answer must not tell the two apart)."""
     try:
         run_id = UUID(str(object_id))
     except ValueError:
-        return None
-    return (
-        WorkflowInstance.objects.filter(tenant_id=tenant.id, id=run_id)
+        raise Http404(f"No workflow run {object_id!r} in this tenant.") from None
+    found = (
+        of_tenant(WorkflowInstance, tenant_of(request))
+        .filter(id=run_id)
         .select_related("parent", "continued_from")
         .first()
     )
-
-
-def _instance_or_redirect(
-    request: HttpRequest, object_id: str
-) -> WorkflowInstance | HttpResponseRedirect:
-    found = _instance_or_none(request, object_id)
     if found is None:
-        messages.error(request, f"No workflow run {object_id} in tenant {tenant_of(request)}.")
-        return HttpResponseRedirect(changelist_url())
+        raise Http404(f"No workflow run {object_id!r} in this tenant.")
     return found
 
 
@@ -121,14 +122,7 @@ def _instance_or_redirect(
 
 
 def _history(instance: WorkflowInstance) -> list[EncodedEvent]:
-    return [
-        EncodedEvent(*row)
-        for row in WorkflowEvent.objects.filter(
-            tenant_id=instance.tenant_id, instance_id=instance.id
-        )
-        .order_by("step")
-        .values_list("step", "type_code", "timestamp_ms", "payload", "checksum")
-    ]
+    return WorkflowEvent.history(instance.tenant_id, instance.id)
 
 
 def timeline_svg(instance: WorkflowInstance, history: list[EncodedEvent] | None = None) -> str:
@@ -160,8 +154,8 @@ def _event_rows(page_rows: list[EncodedEvent], start_ms: int) -> list[dict[str, 
             {
                 "step": stored.step,
                 "type": kind,
-                "summary": summary,
-                "payload": stored.payload,
+                "summary": redacted_text(summary),
+                "payload": redacted_text(stored.payload),
                 "offset": duration_text(max(0, stored.ts - start_ms) / 1000),
                 "at": datetime.fromtimestamp(stored.ts / 1000, UTC),
                 "checksum_ok": verify(stored),
@@ -173,43 +167,32 @@ def _event_rows(page_rows: list[EncodedEvent], start_ms: int) -> list[dict[str, 
 
 def _chain(instance: WorkflowInstance) -> list[WorkflowInstance]:
     """The continue-as-new chain through this run, oldest first (bounded both ways)."""
-    before: list[WorkflowInstance] = []
-    current = instance
-    while current.continued_from_id and len(before) < CHAIN_LIMIT:
-        previous = WorkflowInstance.objects.filter(
-            tenant_id=instance.tenant_id, id=current.continued_from_id
-        ).first()
-        if previous is None:
-            break
-        before.append(previous)
-        current = previous
-    after: list[WorkflowInstance] = []
-    current = instance
-    while len(after) < CHAIN_LIMIT:
-        successor = WorkflowInstance.objects.filter(
-            tenant_id=instance.tenant_id, continued_from_id=current.id
-        ).first()
-        if successor is None:
-            break
-        after.append(successor)
-        current = successor
+    before = continue_chain(instance, limit=CHAIN_LIMIT, backward=True)
+    after = continue_chain(instance, limit=CHAIN_LIMIT)
     if not before and not after:
         return []
     return [*reversed(before), instance, *after]
 
 
+def _query_state_rows(query_state: Any) -> list[tuple[str, str]]:
+    """The run's query state as (key, JSON text) rows, redacted like the API's."""
+    return [
+        (key, json.dumps(value, ensure_ascii=False))
+        for key, value in sorted(redacted_query_state(query_state).items())
+    ]
+
+
 def instance_page(request: HttpRequest, object_id: str) -> HttpResponse:
-    found = _instance_or_redirect(request, object_id)
-    if isinstance(found, HttpResponseRedirect):
-        return found
-    instance = found
+    instance = _instance_or_404(request, object_id)
     history = _history(instance)
     start_ms = int(instance.created_at.timestamp() * 1000)
     paginator = Paginator(history, EVENTS_PER_PAGE)
     page = paginator.get_page(request.GET.get("page"))
-    children = WorkflowInstance.objects.filter(
-        tenant_id=instance.tenant_id, parent_id=instance.id
-    ).order_by("created_at")
+    children = (
+        of_tenant(WorkflowInstance, instance.tenant_id)
+        .filter(parent_id=instance.id)
+        .order_by("created_at")
+    )
     offered = [
         a for a in ACTIONS.values() if instance.status in a.offered_for and can_operate(request)
     ]
@@ -218,17 +201,15 @@ def instance_page(request: HttpRequest, object_id: str) -> HttpResponse:
         "instance": instance,
         "wait": wait_text(instance.waiting_on),
         "age": age_text(instance.created_at),
-        "input_text": pretty_json(instance.input),
-        "result_text": pretty_json(instance.result),
-        "query_state": sorted((instance.query_state or {}).items()),
+        "input_text": pretty_json(redacted_text(instance.input)),
+        "result_text": pretty_json(redacted_text(instance.result)),
+        "query_state": _query_state_rows(instance.query_state),
         "children": children[:100],
         "children_count": children.count(),
         "chain": _chain(instance),
-        "audit": AuditLog.objects.filter(tenant_id=instance.tenant_id, instance_id=instance.id)[
-            :50
-        ],
-        "pending_signals": Signal.objects.filter(
-            tenant_id=instance.tenant_id, instance_id=instance.id, consumed_at__isnull=True
+        "audit": of_tenant(AuditLog, instance.tenant_id).filter(instance_id=instance.id)[:50],
+        "pending_signals": of_tenant(Signal, instance.tenant_id).filter(
+            instance_id=instance.id, consumed_at__isnull=True
         )[:20],
         "actions": offered,
         "timeline": mark_safe(timeline_svg(instance, history)),
@@ -241,16 +222,12 @@ def instance_page(request: HttpRequest, object_id: str) -> HttpResponse:
 
 
 def timeline_download(request: HttpRequest, object_id: str) -> HttpResponse:
-    instance = _instance_or_none(request, object_id)
-    if instance is None:
-        raise Http404("no such run in this tenant")
+    instance = _instance_or_404(request, object_id)
     return HttpResponse(timeline_svg(instance), content_type="image/svg+xml")
 
 
 def state_page(request: HttpRequest, object_id: str) -> HttpResponse:
-    found = _instance_or_redirect(request, object_id)
-    if isinstance(found, HttpResponseRedirect):
-        return found
+    found = _instance_or_404(request, object_id)
     raw = request.GET.get("step", "")
     try:
         step = int(raw)
@@ -267,7 +244,7 @@ def state_page(request: HttpRequest, object_id: str) -> HttpResponse:
         "state": state,
         "state_items": [
             (key, json.dumps(value, indent=2, ensure_ascii=False))
-            for key, value in sorted(state.query_state.items())
+            for key, value in sorted(redacted_value(state.query_state).items())
         ],
         "last_event": _event_rows(rows[-1:], int(found.created_at.timestamp() * 1000)),
         "previous_step": max(0, state.step - 1),
@@ -330,9 +307,7 @@ def action_page(request: HttpRequest, object_id: str, name: str) -> HttpResponse
         raise Http404(f"no action {name!r}")
     if not can_operate(request):
         raise PermissionDenied
-    found = _instance_or_redirect(request, object_id)
-    if isinstance(found, HttpResponseRedirect):
-        return found
+    found = _instance_or_404(request, object_id)
     if request.method != "POST":
         return _confirmation(request, action, [found], action.form_class())
     form = action.form_class(request.POST)
@@ -361,7 +336,7 @@ def bulk_action(
     """The admin changelist action: a confirmation page first, then the service calls."""
     if not can_operate(request):
         raise PermissionDenied
-    selected = queryset.filter(tenant_id=tenant_of(request).id).order_by("created_at")
+    selected = of_tenant(queryset, tenant_of(request)).order_by("created_at")
     total = selected.count()
     instances = list(selected[:MAX_BULK])
     if not instances:
@@ -423,7 +398,7 @@ def dashboard(request: HttpRequest) -> HttpResponse:
             href=f"{base}?status__exact={status.value}"
             + (f"&definition={definition}" if definition else ""),
         )
-        for status in Status
+        for status in RunStatus
     ]
     per_minute = charts.per_minute_chart(
         "Starts and completions per minute (last hour)",
@@ -441,7 +416,7 @@ def dashboard(request: HttpRequest) -> HttpResponse:
                 d.name,
                 [
                     charts.Segment(s.label, d.by_status.get(s.value, 0), STATUS_COLOURS[s.value])
-                    for s in Status
+                    for s in RunStatus
                 ],
                 f"?definition={d.name}",
             )
@@ -479,14 +454,14 @@ def dashboard(request: HttpRequest) -> HttpResponse:
         "data": data,
         "definition": definition,
         "definition_names": list(
-            WorkflowDefinition.objects.filter(tenant_id=tenant.id)
+            of_tenant(WorkflowDefinition, tenant.id)
             .values_list("name", flat=True)
             .distinct()
             .order_by("name")
         ),
         "total": sum(data.by_status.values()),
         "active": sum(data.by_status.get(s, 0) for s in ACTIVE_STATUSES),
-        "dead_lettered": data.by_status.get(Status.DEAD_LETTERED, 0),
+        "dead_lettered": data.by_status.get(RunStatus.DEAD_LETTERED, 0),
         "failure_rate": None if data.failure_rate is None else f"{data.failure_rate * 100:.1f}%",
         "oldest_ready": duration_text(data.oldest_ready_s)
         if data.oldest_ready_s is not None
@@ -497,9 +472,9 @@ def dashboard(request: HttpRequest) -> HttpResponse:
         "failure_chart": mark_safe(failure_bars),
         "ready_chart": mark_safe(ready_bars),
         "schedules_url": _schedules_url(),
-        "statuses": [s.value for s in Status],
+        "statuses": [s.value for s in RunStatus],
         "definition_rows": [
-            (d, [d.by_status.get(s.value, 0) for s in Status]) for d in data.per_definition
+            (d, [d.by_status.get(s.value, 0) for s in RunStatus]) for d in data.per_definition
         ],
     }
     return _render(request, "console/dashboard.html", context)
@@ -510,7 +485,7 @@ def dashboard(request: HttpRequest) -> HttpResponse:
 
 def dead_letters(request: HttpRequest) -> HttpResponse:
     tenant = tenant_of(request)
-    runs = WorkflowInstance.objects.filter(tenant_id=tenant.id, status=Status.DEAD_LETTERED)
+    runs = of_tenant(WorkflowInstance, tenant).filter(status=RunStatus.DEAD_LETTERED)
     groups = []
     for row in (
         runs.values("definition_name", "error_code")
@@ -550,9 +525,13 @@ def dead_letters(request: HttpRequest) -> HttpResponse:
 
 
 def switch_tenant(request: HttpRequest) -> HttpResponse:
+    """The header's tenant switcher: a POST (with the CSRF token the admin requires) only,
+    so that no link can move a superuser's console into another tenant."""
     if not request.user.is_superuser:
         raise PermissionDenied("only superusers may switch tenant")
-    target = request.POST.get("tenant", "") if request.method == "POST" else ""
+    if request.method != "POST":
+        return HttpResponseNotAllowed(["POST"])
+    target = request.POST.get("tenant", "")
     following = request.POST.get("next") or reverse("admin:index")
     if not url_has_allowed_host_and_scheme(following, {request.get_host()}):
         following = reverse("admin:index")
@@ -586,7 +565,7 @@ def deploy_page(request: HttpRequest) -> HttpResponse:
     if request.method == "POST" and form.is_valid():
         data = form.cleaned_data
         try:
-            deployed = svc.deploy_definition(
+            deployed = defs.deploy_definition(
                 tenant,
                 data["name"],
                 data["wasm_bytes"],
@@ -617,10 +596,9 @@ def definition_page(request: HttpRequest, object_id: str) -> HttpResponse:
         pk = int(object_id)
     except ValueError:
         pk = -1
-    definition = WorkflowDefinition.objects.filter(tenant_id=tenant.id, pk=pk).defer("wasm").first()
+    definition = of_tenant(WorkflowDefinition, tenant).filter(pk=pk).defer("wasm").first()
     if definition is None:
-        messages.error(request, f"No definition {object_id} in tenant {tenant}.")
-        return HttpResponseRedirect(reverse("admin:workflows_workflowdefinition_changelist"))
+        raise Http404(f"No definition {object_id!r} in this tenant.")
     here = definition_url(definition)
     can_change = request.user.has_perm("workflows.change_workflowdefinition")
     if request.method == "POST":
@@ -629,22 +607,20 @@ def definition_page(request: HttpRequest, object_id: str) -> HttpResponse:
         _definition_change(request, tenant, definition)
         return HttpResponseRedirect(here)
     versions = list(
-        WorkflowDefinition.objects.filter(tenant_id=tenant.id, name=definition.name)
+        of_tenant(WorkflowDefinition, tenant.id)
+        .filter(name=definition.name)
         .defer("wasm")
         .annotate(runs=Count("workflowinstance"))
         .order_by("-version")
     )
     active = dict(
-        WorkflowInstance.objects.filter(
-            tenant_id=tenant.id, definition_name=definition.name, status__in=ACTIVE_STATUSES
-        )
+        of_tenant(WorkflowInstance, tenant.id)
+        .filter(definition_name=definition.name, status__in=ACTIVE_STATUSES)
         .values_list("definition_version")
         .annotate(n=Count("id"))
         .order_by()
     )
-    tags = list(
-        VersionTag.objects.filter(tenant_id=tenant.id, name=definition.name).order_by("tag")
-    )
+    tags = list(of_tenant(VersionTag, tenant.id).filter(name=definition.name).order_by("tag"))
     rules = {
         r.version: r.weight for r in defs.list_routing_rules(tenant, definition.name)
     }  # the service reads in this tenant's context
@@ -693,9 +669,9 @@ def _definition_change(
             messages.success(request, f"{name} v{definition.version} is restored.")
         elif op == "set_tag":
             versions = list(
-                WorkflowDefinition.objects.filter(tenant_id=tenant.id, name=name).values_list(
-                    "version", flat=True
-                )
+                of_tenant(WorkflowDefinition, tenant.id)
+                .filter(name=name)
+                .values_list("version", flat=True)
             )
             form = TagForm(request.POST, versions=versions)
             if not form.is_valid():
@@ -714,9 +690,9 @@ def _definition_change(
             messages.success(request, f"Tag {tag} removed.")
         elif op == "set_routing":
             versions = list(
-                WorkflowDefinition.objects.filter(
-                    tenant_id=tenant.id, name=name, deprecated=False
-                ).values_list("version", flat=True)
+                of_tenant(WorkflowDefinition, tenant.id)
+                .filter(name=name, deprecated=False)
+                .values_list("version", flat=True)
             )
             form = RoutingForm(request.POST, versions=versions)
             if not form.is_valid():

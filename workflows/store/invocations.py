@@ -16,8 +16,9 @@ from datetime import datetime, timedelta
 from django.db import connection, transaction
 
 from engine.services import CallContext, Services
-from engine.status import Status
+from engine.status import AbiStatus
 from workflows.models import Invocation
+from workflows.store.sql import queries
 from workflows.tenancy import tenant_context
 
 log = logging.getLogger("cleat.worker")
@@ -25,35 +26,20 @@ log = logging.getLogger("cleat.worker")
 LEASE = timedelta(seconds=60)
 MAX_ATTEMPTS = 20
 
-CLAIM_SQL = """
-CREATE OR REPLACE FUNCTION cleat.claim_invocations(
-    p_now timestamptz, p_limit integer, p_until timestamptz)
-RETURNS TABLE(id varchar, tenant_id uuid)
-LANGUAGE sql SECURITY DEFINER SET search_path = public, pg_temp AS $$
-    UPDATE workflows_invocation AS v SET deliver_at = p_until
-     WHERE v.id IN (
-           SELECT c.id FROM workflows_invocation AS c
-            WHERE c.status = 'pending' AND c.deliver_at <= p_now
-            ORDER BY c.deliver_at LIMIT p_limit FOR UPDATE SKIP LOCKED)
-    RETURNING v.id, v.tenant_id
-$$;
-"""
-
 
 def claim_due(now: datetime, limit: int) -> list[tuple[str, uuid.UUID]]:
     until = now + LEASE
-    if connection.vendor == "postgresql":
+    sql = queries(connection)
+    if "claim_invocations" in sql:
         with connection.cursor() as cursor:
-            cursor.execute(
-                "SELECT id, tenant_id FROM cleat.claim_invocations(%s, %s, %s)", [now, limit, until]
-            )
+            cursor.execute(sql["claim_invocations"], [now, limit, until])
             return [(str(i), uuid.UUID(str(t))) for i, t in cursor.fetchall()]
     with transaction.atomic():
         rows = list(
             Invocation.objects.select_for_update(
                 skip_locked=connection.features.has_select_for_update_skip_locked
             )
-            .filter(status=Invocation.State.PENDING, deliver_at__lte=now)
+            .filter(status=Invocation.State.PENDING, deliver_at__lte=now, tenant__is_active=True)
             .order_by("deliver_at")
             .values_list("id", "tenant_id")[:limit]
         )
@@ -83,13 +69,13 @@ def deliver(invocation_id: str, tenant: uuid.UUID, services: Services, now: date
         result = None
         error = f"{type(exc).__name__}: {exc}"
     else:
-        error = result.payload if result.status != Status.OK else ""
+        error = result.payload if result.status != AbiStatus.OK else ""
     with tenant_context(tenant):
         row.attempts += 1
-        if result is not None and result.status == Status.OK:
+        if result is not None and result.status == AbiStatus.OK:
             row.status, row.delivered_at, row.last_error = Invocation.State.DELIVERED, now, ""
         elif (
-            result is not None and result.status == Status.PERMANENT
+            result is not None and result.status == AbiStatus.PERMANENT
         ) or row.attempts >= MAX_ATTEMPTS:
             row.status, row.last_error = Invocation.State.FAILED, error
         else:

@@ -7,10 +7,14 @@ UPDATE SKIP LOCKED`` then an ``UPDATE``; on SQLite the single writer lock of an 
 transaction serialises claims.
 
 The finalize is one fenced transaction: it appends the segment's remaining events, marks
-consumed signals and answered updates, and sets the new status -- ``done``, ``failed``,
-``dead_lettered`` or ``ready`` with ``next_wake_at`` -- or, for continue-as-new, completes
-this run and creates its successor. When the claim is no longer current it touches nothing
-(:class:`FenceLost`).
+consumed signals and answered updates, and applies the transition the run's state machine
+(:mod:`engine.lifecycle`) decides -- ``done``, ``failed``, ``dead_lettered`` or ``ready`` with
+``next_wake_at``, or, for continue-as-new, this run done and its successor created. Nothing
+here decides a status: :func:`apply_transition` writes what the rule returned and, at a run's
+end, gives back what the run holds (children closed by their policy, pending updates failed,
+the workflow's locks released, the parent woken). Closes from outside (terminate,
+force-complete, force-fail: :func:`close_instance`) apply the rule's transitions the same way.
+When the claim is no longer current the finalize touches nothing (:class:`FenceLost`).
 """
 
 from __future__ import annotations
@@ -25,29 +29,31 @@ from typing import Any
 
 from django.conf import settings
 from django.db import connection, transaction
-from django.db.models import F, Q
+from django.db.models import Count, F, Q
 from django.db.models.functions import Coalesce
 from django.utils import timezone
 
-from engine.errors import ErrorCode, FenceLost
-from engine.events import EncodedEvent, EventType, decode, encode
-from engine.session import Completed, ContinuedAsNew, Failed, SegmentResult, Suspended
-from engine.status import Status as AbiStatus
+from engine import lifecycle
+from engine.errors import FenceLost, Refused
+from engine.events import EncodedEvent, decode, encode
+from engine.session import ContinuedAsNew, Failed, SegmentResult, Suspended
+from engine.status import AbiStatus
 from engine.storage import RunRef
 from workflows.models import (
     TERMINAL_STATUSES,
+    ConcurrencyKey,
     Promise,
+    RunStatus,
     Signal,
-    Status,
+    Tenant,
     UpdateRequest,
     WorkflowDefinition,
     WorkflowEvent,
     WorkflowInstance,
 )
 from workflows.store import wake
+from workflows.store.sql import queries
 from workflows.store.storage import (
-    APPEND_FROM_FENCE_SQL,
-    SET_TENANT_SQL,
     append_locked,
     append_params,
     client_side_binding,
@@ -79,6 +85,8 @@ class LoadedRun:
     sha256: str
     max_history_length: int
     history: list[EncodedEvent]
+    # The oldest version whose histories the definition's code can replay (min_version()).
+    min_version: int = 0
 
     @property
     def ref(self) -> RunRef:
@@ -98,54 +106,121 @@ def claim_ready_instances(
     now: datetime,
     tenant: uuid.UUID | None = None,
 ) -> list[Claim]:
-    """Claim up to ``limit`` due ready runs, by priority then age; bumps their generation."""
+    """Claim up to ``limit`` due ready runs of active tenants, taking turns between tenants
+    (each one's most urgent run -- priority, then due time -- before anyone's second, the
+    tenant served longest ago first) and within each tenant's running cap; bumps their
+    generation."""
     if limit <= 0:
         return []
-    if connection.vendor == "postgresql":
+    sql = queries(connection)
+    if "claim_ready" in sql:
         with connection.cursor() as cursor:
             cursor.execute(
-                "SELECT id, tenant_id, generation FROM cleat.claim_instances(%s, %s, %s, %s, %s)",
-                [worker_id, list(task_queues), limit, now, tenant],
+                sql["claim_ready"],
+                [worker_id, list(task_queues), limit, now, tenant, default_max_running()],
             )
             return [
                 Claim(uuid.UUID(str(i)), uuid.UUID(str(t)), int(g)) for i, t, g in cursor.fetchall()
             ]
-    if connection.vendor == "microsoft":  # untested here: no SQL Server in CI
-        from workflows.rls import MSSQL_CLAIM_SQL
-
+    if "claim_ready_listed" in sql:  # SQL Server, untested here: no SQL Server in CI
         queues = ", ".join(["%s"] * len(task_queues))
         with transaction.atomic(), connection.cursor() as cursor:
             cursor.execute(
-                MSSQL_CLAIM_SQL.format(queues=queues),
-                [limit, now, *task_queues, worker_id, now, now],
+                sql["claim_ready_listed"].format(queues=queues),
+                [now, *task_queues, limit, worker_id, now, now],
             )
             return [
                 Claim(uuid.UUID(str(i)), uuid.UUID(str(t)), int(g)) for i, t, g in cursor.fetchall()
             ]
     with transaction.atomic():
-        due = WorkflowInstance.objects.filter(
-            status=Status.READY, next_wake_at__lte=now, task_queue__in=list(task_queues)
-        )
-        if tenant is not None:
-            due = due.filter(tenant_id=tenant)
-        ids = list(
-            due.select_for_update(skip_locked=connection.features.has_select_for_update_skip_locked)
-            .order_by("-priority", "next_wake_at", "created_at")
-            .values_list("id", flat=True)[:limit]
-        )
+        ids = _fair_turns(task_queues, limit, now, tenant)
         if not ids:
             return []
         WorkflowInstance.objects.filter(id__in=ids).update(
-            status=Status.RUNNING,
+            status=RunStatus.RUNNING,
             assigned_to=worker_id,
             heartbeat_at=now,
             generation=F("generation") + 1,
             started_at=Coalesce("started_at", now),
         )
-        rows = WorkflowInstance.objects.filter(id__in=ids).values_list(
-            "id", "tenant_id", "generation"
+        rows = list(
+            WorkflowInstance.objects.filter(id__in=ids).values_list("id", "tenant_id", "generation")
         )
-        return [Claim(i, t, g) for i, t, g in rows]
+    _record_turns({t for _, t, _ in rows}, now)
+    return [Claim(i, t, g) for i, t, g in rows]
+
+
+def _record_turns(tenants: set[uuid.UUID], now: datetime) -> None:
+    """Note when the claim served these tenants -- after the claim committed, in a transaction
+    of its own that skips a tenant row someone holds. On MariaDB every insert into a tenant's
+    tables share-locks its tenant row (the foreign key check): a claim that updated the row
+    inside its own transaction waited for those and deadlocked with finalizes."""
+    if not tenants:
+        return
+    with transaction.atomic():
+        free = list(
+            Tenant.objects.select_for_update(
+                skip_locked=connection.features.has_select_for_update_skip_locked
+            )
+            .filter(id__in=tenants)
+            .values_list("id", flat=True)
+        )
+        if free:
+            Tenant.objects.filter(id__in=free).update(last_claimed_at=now)
+
+
+def default_max_running() -> int:
+    """The running cap of a tenant that sets none (``CLEAT_TENANT_MAX_RUNNING``; 0: none)."""
+    return int(getattr(settings, "CLEAT_TENANT_MAX_RUNNING", 0) or 0)
+
+
+def _fair_turns(
+    task_queues: Sequence[str], limit: int, now: datetime, tenant: uuid.UUID | None
+) -> list[uuid.UUID]:
+    """The claim's choice on MariaDB and SQLite, as ``cleat.claim_instances`` makes it on
+    PostgreSQL (migration 0005): per active tenant with due runs, its most urgent ones up to
+    its room under the running cap (locked, SKIP LOCKED where the database has it); then
+    every tenant's first before anyone's second, the tenant served longest ago first."""
+    due = WorkflowInstance.objects.filter(
+        status=RunStatus.READY, next_wake_at__lte=now, task_queue__in=list(task_queues)
+    )
+    if tenant is not None:
+        due = due.filter(tenant_id=tenant)
+    waiting = set(due.values_list("tenant_id", flat=True).distinct())
+    if not waiting:
+        return []
+    tenants = list(
+        Tenant.objects.filter(id__in=waiting, is_active=True).values_list(
+            "id", "max_running", "last_claimed_at"
+        )
+    )
+    running = dict(
+        WorkflowInstance.objects.filter(
+            status=RunStatus.RUNNING, tenant_id__in=[t for t, *_ in tenants]
+        )
+        .values("tenant_id")
+        .annotate(n=Count("id"))
+        .values_list("tenant_id", "n")
+    )
+    default_cap = default_max_running()
+    skip_locked = connection.features.has_select_for_update_skip_locked
+    turns: list[tuple[int, float, int, datetime, uuid.UUID]] = []
+    for tenant_id, max_running, last_claimed_at in tenants:
+        cap = max_running or default_cap
+        room = min(limit, cap - running.get(tenant_id, 0)) if cap > 0 else limit
+        if room <= 0:
+            continue
+        served = last_claimed_at.timestamp() if last_claimed_at else float("-inf")
+        candidates = (
+            due.filter(tenant_id=tenant_id)
+            .select_for_update(skip_locked=skip_locked)
+            .order_by("-priority", "next_wake_at", "created_at")
+            .values_list("id", "priority", "next_wake_at")[:room]
+        )
+        for turn, (run_id, priority, wake_at) in enumerate(candidates):
+            turns.append((turn, served, -priority, wake_at, run_id))
+    turns.sort()
+    return [run_id for *_, run_id in turns[:limit]]
 
 
 def load_run(claim: Claim, worker_id: str) -> LoadedRun | None:
@@ -161,7 +236,7 @@ def load_run(claim: Claim, worker_id: str) -> LoadedRun | None:
                 id=claim.id,
                 generation=claim.generation,
                 assigned_to=worker_id,
-                status=Status.RUNNING,
+                status=RunStatus.RUNNING,
             )
             .first()
         )
@@ -171,15 +246,9 @@ def load_run(claim: Claim, worker_id: str) -> LoadedRun | None:
             "id": instance.definition.id,
             "sha256": instance.definition.sha256,
             "max_history_length": instance.definition.max_history_length,
+            "min_version": instance.definition.min_version,
         }
-        history = [
-            EncodedEvent(step, code, ts, payload, checksum)
-            for step, code, ts, payload, checksum in WorkflowEvent.objects.filter(
-                instance_id=instance.id
-            )
-            .order_by("step")
-            .values_list("step", "type_code", "timestamp_ms", "payload", "checksum")
-        ]
+        history = WorkflowEvent.history(instance.tenant_id, instance.id)
     return LoadedRun(
         claim,
         worker_id,
@@ -188,51 +257,25 @@ def load_run(claim: Claim, worker_id: str) -> LoadedRun | None:
         definition["sha256"],
         definition["max_history_length"],
         history,
+        definition["min_version"],
     )
 
 
-# PostgreSQL: the load in one simple-protocol message (one round trip instead of five: BEGIN,
-# the tenant, the instance, the history, COMMIT). The statements of one message run as one
-# implicit transaction, so the tenant set by the first (transaction-local) scopes the other
-# two under RLS, exactly as tenant_context() does; each statement takes its own snapshot, as
-# the ORM's statements do inside a READ COMMITTED transaction.
+# The instance's columns, in the order the one-message load (sql.postgresql) selects them.
 _INSTANCE_FIELDS = tuple(WorkflowInstance._meta.concrete_fields)
-
-
-def _load_sql() -> str:
-    instance = WorkflowInstance._meta.db_table
-    definition = WorkflowDefinition._meta.db_table
-    event = WorkflowEvent._meta.db_table
-    columns = ", ".join(f'i."{f.column}"' for f in _INSTANCE_FIELDS)
-    fence = "id = %s AND tenant_id = %s AND generation = %s AND assigned_to = %s AND status = %s"
-    return (
-        f"{SET_TENANT_SQL}\n"
-        f"SELECT {columns}, d.sha256, d.max_history_length FROM {instance} AS i "
-        f"JOIN {definition} AS d ON d.id = i.definition_id "
-        f"WHERE i.{fence.replace(' AND ', ' AND i.')};\n"
-        f"SELECT step, type_code, timestamp_ms, payload, checksum FROM {event} "
-        f"WHERE instance_id = %s AND EXISTS (SELECT 1 FROM {instance} WHERE {fence}) "
-        "ORDER BY step"
-    )
-
-
-_LOAD_SQL = _load_sql()
 
 
 def _load_in_one_message(claim: Claim, worker_id: str) -> tuple[bool, LoadedRun | None]:
     """:func:`load_run` in one round trip: (True, its answer) on PostgreSQL outside a
     transaction with client-side binding; (False, None) where that does not apply."""
-    if (
-        connection.vendor != "postgresql"
-        or connection.in_atomic_block
-        or not connection.get_autocommit()
-    ):
+    load_sql = queries(connection).get("load_run")
+    if load_sql is None or connection.in_atomic_block or not connection.get_autocommit():
         return False, None
-    fence = [str(claim.id), str(claim.tenant_id), claim.generation, worker_id, Status.RUNNING]
+    fence = [str(claim.id), str(claim.tenant_id), claim.generation, worker_id, RunStatus.RUNNING]
     with connection.cursor() as cursor:
         if not client_side_binding(cursor):
             return False, None
-        cursor.execute(_LOAD_SQL, [str(claim.tenant_id), *fence, str(claim.id), *fence])
+        cursor.execute(load_sql, [str(claim.tenant_id), *fence, str(claim.id), *fence])
         cursor.nextset()
         row = cursor.fetchone()
         cursor.nextset()
@@ -240,7 +283,7 @@ def _load_in_one_message(claim: Claim, worker_id: str) -> tuple[bool, LoadedRun 
         if row is None:
             return True, None
         instance = _instance_from_row(row[: len(_INSTANCE_FIELDS)])
-    sha256, max_history_length = row[len(_INSTANCE_FIELDS) :]
+    sha256, max_history_length, min_version = row[len(_INSTANCE_FIELDS) :]
     history = [
         EncodedEvent(step, code, ts, payload, checksum)
         for step, code, ts, payload, checksum in events
@@ -253,6 +296,7 @@ def _load_in_one_message(claim: Claim, worker_id: str) -> tuple[bool, LoadedRun 
         sha256,
         max_history_length,
         history,
+        min_version,
     )
 
 
@@ -298,11 +342,12 @@ class Finalized:
 
 
 def finalize_segment(ref: RunRef, result: SegmentResult, now: datetime | None = None) -> Finalized:
-    """Persist a segment's outcome in one fenced transaction (see the module docstring)."""
+    """Persist a segment's outcome in one fenced transaction (see the module docstring):
+    the transition :func:`engine.lifecycle.after_segment` decides, applied."""
     now = now or timezone.now()
     tenant = uuid.UUID(ref.tenant_id)
     if _complete_in_one_message(tenant, ref, result, now):
-        return Finalized(Status.DONE)
+        return Finalized(RunStatus.DONE)
     with tenant_context(tenant):
         # The fenced lock and the read of the row in one statement (FenceLost if it moved
         # on); the row is saved whole below, event_count and heartbeat_at included.
@@ -335,96 +380,89 @@ def finalize_segment(ref: RunRef, result: SegmentResult, now: datetime | None = 
         instance.query_state = result.query_state
         instance.assigned_to = None
         outcome = result.outcome
-        successor: WorkflowInstance | None = None
-        if isinstance(outcome, Suspended):
-            wait = outcome.wait
-            instance.status = Status.READY
-            instance.waiting_on = wait.as_dict()
-            recheck = now + wait_recheck()
-            wake_at = (
-                datetime.fromtimestamp(wait.wake_at_ms / 1000, tz=now.tzinfo)
-                if wait.wake_at_ms is not None
-                else None
-            )
-            instance.next_wake_at = min(wake_at, recheck) if wake_at else recheck
-            if _wakeup_arrived(instance, wait.as_dict()):
-                instance.next_wake_at = now
-            instance.attempt = 1
-        elif isinstance(outcome, Completed):
-            _close(instance, Status.DONE, now)
-            instance.result = outcome.result
-            instance.error = instance.error_code = None
-        elif isinstance(outcome, ContinuedAsNew):
-            _close(instance, Status.DONE, now)
-            instance.result = json.dumps({"continued_as_new": True})
-            successor = _successor(instance, outcome, now)
-        elif isinstance(outcome, Failed):
-            _fail(instance, outcome, now)
-        instance.save()
-        if instance.is_terminal:
-            _close_children(instance, now)
-            _fail_pending_updates(instance, now)
-            if instance.parent_id:
-                wake.after_commit(tenant, instance.parent_id)
-        if (
-            instance.status == Status.READY
-            and instance.next_wake_at
-            and instance.next_wake_at <= now
-        ):
-            wake.notify_after_commit()
+        arrived = isinstance(outcome, Suspended) and _wakeup_arrived(
+            instance, outcome.wait.as_dict()
+        )
+        state = lifecycle.RunState(
+            instance.workflow_id, instance.definition_version, instance.attempt, arrived
+        )
+        transition = lifecycle.after_segment(outcome, state, _policy(instance, outcome), _ms(now))
+        successor = apply_transition(instance, transition, now)
     return Finalized(instance.status, str(successor.id) if successor else None)
 
 
-# PostgreSQL: the finalize of a run that completed, in one simple-protocol message (one
-# round trip and one commit instead of seven round trips), in the common case only -- no
-# consumed signal, no answered update, no open child. The statements run as one implicit
-# transaction under the tenant set by the first. The second is the fence and the new row in
-# one statement: it matches only the claimed row (owner, generation, running) whose history
-# ends where the remaining events begin and that has no open child, takes its row lock, and
-# inserts the remaining events only if it matched. The third fails the run's pending updates
-# (as _fail_pending_updates), in a statement of its own so that its snapshot is taken after
-# the row lock: an update queued by send_update (which locks the row) either committed before
-# and is seen, or waits for this commit and then finds the run done. It changes nothing
-# unless the second matched (the run is then `done` at this generation). When the second
-# matches nothing, nothing was written and the general path below tells the cases apart.
-def _finalize_done_sql() -> str:
-    instance = WorkflowInstance._meta.db_table
-    updates = UpdateRequest._meta.db_table
-    terminal = ", ".join(f"'{s}'" for s in sorted(TERMINAL_STATUSES))
-    return f"""{SET_TENANT_SQL}
-WITH fence AS (
-    UPDATE {instance} AS i
-       SET status = %s, completed_at = %s, result = %s, error = NULL, error_code = NULL,
-           waiting_on = NULL, next_wake_at = NULL, query_state = %s::jsonb,
-           assigned_to = NULL, heartbeat_at = %s, updated_at = %s,
-           event_count = i.event_count + %s
-     WHERE i.id = %s AND i.tenant_id = %s AND i.assigned_to = %s AND i.generation = %s
-       AND i.status = %s AND i.event_count = COALESCE(%s, i.event_count)
-       AND NOT EXISTS (SELECT 1 FROM {instance} AS c
-                        WHERE c.parent_id = i.id AND c.status NOT IN ({terminal}))
-    RETURNING i.id, i.tenant_id, i.parent_id
-), {APPEND_FROM_FENCE_SQL}
-SELECT parent_id FROM fence;
-UPDATE {updates} SET status = %s, result = %s, completed_at = %s
- WHERE instance_id = %s AND status = %s
-   AND EXISTS (SELECT 1 FROM {instance}
-                WHERE id = %s AND status = %s AND generation = %s AND assigned_to IS NULL)"""
+def _ms(moment: datetime) -> int:
+    return int(moment.timestamp() * 1000)
 
 
-_FINALIZE_DONE_SQL = _finalize_done_sql()
+def _at(ms: int, now: datetime) -> datetime:
+    """The moment of ``ms`` (``now`` itself when it is now: no rounding to the millisecond)."""
+    if ms == _ms(now):
+        return now
+    return datetime.fromtimestamp(ms / 1000, tz=now.tzinfo)
+
+
+def _policy(instance: WorkflowInstance, outcome: object) -> lifecycle.RunPolicy:
+    recheck = int(wait_recheck().total_seconds() * 1000)
+    if not isinstance(outcome, Failed):
+        return lifecycle.RunPolicy(wait_recheck_ms=recheck)
+    return lifecycle.RunPolicy(retry=instance.definition.retry_policy, wait_recheck_ms=recheck)
+
+
+def apply_transition(
+    instance: WorkflowInstance, transition: lifecycle.Transition, now: datetime
+) -> WorkflowInstance | None:
+    """Apply a transition of :mod:`engine.lifecycle` to a locked ``instance`` and save it;
+    on a run's end, give back what it holds. Returns the successor it started, if any."""
+    instance.status = transition.status
+    instance.waiting_on = transition.waiting_on
+    instance.result = transition.result
+    instance.error, instance.error_code = transition.error, transition.error_code
+    if transition.attempt is not None:
+        instance.attempt = transition.attempt
+    if transition.status == RunStatus.READY:
+        instance.next_wake_at = (
+            _at(transition.wake_at_ms, now) if transition.wake_at_ms is not None else None
+        )
+    else:
+        instance.next_wake_at = None
+    if transition.ended:
+        instance.completed_at = now
+    if transition.forget_failed_call:
+        forget_failed_call(instance)
+    successor = _successor(instance, transition.successor, now) if transition.successor else None
+    instance.save()
+    if transition.release_locks_of is not None:
+        ConcurrencyKey.objects.filter(
+            tenant_id=instance.tenant_id, holder=transition.release_locks_of
+        ).delete()
+    if transition.ended:
+        _close_children(instance, now)
+        _fail_pending_updates(instance, transition.updates_failure, now)
+        if instance.parent_id:
+            wake.after_commit(instance.tenant_id, instance.parent_id)
+    if (
+        instance.status == RunStatus.READY
+        and instance.next_wake_at
+        and instance.next_wake_at <= now
+    ):
+        wake.notify_after_commit()
+    return successor
 
 
 def _complete_in_one_message(
     tenant: uuid.UUID, ref: RunRef, result: SegmentResult, now: datetime
 ) -> bool:
-    """The finalize of a completed run in one round trip (see above). True when it was
+    """The finalize of a completed run in one round trip (``finalize_done``, whose comment
+    in sql/postgresql.py says when it applies and why it is safe). True when it was
     done; False when it does not apply or matched nothing (nothing was written then)."""
-    outcome = result.outcome
+    done = lifecycle.completion(result.outcome, ref.workflow_id)
+    finalize_sql = queries(connection).get("finalize_done")
     if (
-        not isinstance(outcome, Completed)
+        done is None
         or result.consumed_signals
         or result.applied_updates
-        or connection.vendor != "postgresql"
+        or finalize_sql is None
         or connection.in_atomic_block
         or not connection.get_autocommit()
     ):
@@ -436,9 +474,9 @@ def _complete_in_one_message(
     stored = [encode(e) for e in events]
     params = [
         str(tenant),
-        Status.DONE,
+        done.status,
         now,
-        outcome.result,
+        done.result,
         json.dumps(result.query_state),
         now,
         timezone.now(),  # updated_at, as auto_now writes it
@@ -447,22 +485,27 @@ def _complete_in_one_message(
         ref.tenant_id,
         ref.worker_id,
         ref.generation,
-        Status.RUNNING,
+        RunStatus.RUNNING,
         first,
         *append_params(stored, now),
         UpdateRequest.State.FAILED,
-        f"the run ended ({Status.DONE}) before answering",
+        done.updates_failure,
         now,
         ref.run_id,
         UpdateRequest.State.PENDING,
         ref.run_id,
-        Status.DONE,
+        done.status,
+        ref.generation,
+        ref.tenant_id,
+        done.release_locks_of,
+        ref.run_id,
+        done.status,
         ref.generation,
     ]
     with connection.cursor() as cursor:
         if not client_side_binding(cursor):
             return False
-        cursor.execute(_FINALIZE_DONE_SQL, params)
+        cursor.execute(finalize_sql, params)
         cursor.nextset()
         matched = cursor.fetchall()
     if not matched:
@@ -473,47 +516,6 @@ def _complete_in_one_message(
     return True
 
 
-def _close(instance: WorkflowInstance, status: str, now: datetime) -> None:
-    instance.status = status
-    instance.completed_at = now
-    instance.waiting_on = None
-    instance.next_wake_at = None
-
-
-def _fail(instance: WorkflowInstance, outcome: Failed, now: datetime) -> None:
-    """A permanent failure fails at once; a retryable one is retried with the definition's
-    backoff, then dead-lettered; non-determinism dead-letters at once so that a fixed
-    version can be retried from the dead-letter queue."""
-    definition = instance.definition
-    instance.error, instance.error_code = outcome.message, outcome.code.value
-    if outcome.code is ErrorCode.NONDETERMINISM:
-        _close(instance, Status.DEAD_LETTERED, now)
-    elif outcome.retryable and instance.attempt < definition.retry_max_attempts:
-        forget_failed_call(instance)
-        instance.status = Status.READY
-        instance.next_wake_at = now + timedelta(seconds=definition.retry_delay_s(instance.attempt))
-        instance.waiting_on = {
-            "kind": "retry",
-            "description": f"retry {instance.attempt + 1} of {definition.retry_max_attempts} "
-            f"after {outcome.code.value}",
-        }
-        instance.attempt += 1
-    elif outcome.retryable:
-        _close(instance, Status.DEAD_LETTERED, now)
-    else:
-        _close(instance, Status.FAILED, now)
-
-
-# Steps a retry makes again rather than replays: an external call whose failure may not repeat.
-_RETRIED_CALLS = (EventType.CALL, EventType.HEARTBEAT, EventType.FETCH, EventType.PLUGIN_CALL)
-_RETRIED_STATUSES = (
-    AbiStatus.ERROR,
-    AbiStatus.TIMEOUT,
-    AbiStatus.AMBIGUOUS,
-    AbiStatus.RETRIES_EXHAUSTED,
-)
-
-
 def forget_failed_call(instance: WorkflowInstance) -> int | None:
     """Delete the run's last event when it is an external call that failed retryably.
 
@@ -522,14 +524,12 @@ def forget_failed_call(instance: WorkflowInstance) -> int | None:
     automatic retry at the same step, so with the same idempotency key; a retry from the
     dead-letter queue after the operator's audit event). Returns the forgotten step, if any."""
     last = WorkflowEvent.objects.filter(instance_id=instance.id).order_by("-step").first()
-    if last is None or last.type_code not in {t.code for t in _RETRIED_CALLS}:
+    if last is None or last.type_code not in lifecycle.RETRIED_CALL_CODES:
         return None
     event = decode(
         EncodedEvent(last.step, last.type_code, last.timestamp_ms, last.payload, last.checksum)
     )
-    if getattr(event, "status", AbiStatus.OK) not in _RETRIED_STATUSES or getattr(
-        event, "streaming", False
-    ):
+    if not lifecycle.is_forgettable_failed_call(event):
         return None
     last.delete()
     instance.event_count = last.step
@@ -538,12 +538,12 @@ def forget_failed_call(instance: WorkflowInstance) -> int | None:
 
 
 def _successor(
-    instance: WorkflowInstance, outcome: ContinuedAsNew, now: datetime
+    instance: WorkflowInstance, spec: lifecycle.Successor, now: datetime
 ) -> WorkflowInstance:
     definition = instance.definition
-    if outcome.version and outcome.version != instance.definition_version:
+    if spec.version != instance.definition_version:
         found = WorkflowDefinition.objects.filter(
-            tenant_id=instance.tenant_id, name=instance.definition_name, version=outcome.version
+            tenant_id=instance.tenant_id, name=instance.definition_name, version=spec.version
         ).first()
         if found is not None:
             definition = found
@@ -554,7 +554,7 @@ def _successor(
         definition_name=definition.name,
         definition_version=definition.version,
         entry_point=instance.entry_point,
-        input=outcome.input,
+        input=spec.input,
         priority=instance.priority,
         task_queue=instance.task_queue,
         parent_id=instance.parent_id,
@@ -603,56 +603,48 @@ def _wakeup_arrived(instance: WorkflowInstance, wait: dict[str, object]) -> bool
 
 
 def _close_children(parent: WorkflowInstance, now: datetime) -> None:
-    children = WorkflowInstance.objects.filter(parent_id=parent.id).exclude(
-        status__in=TERMINAL_STATUSES
+    """Apply each open child's parent-close policy (:func:`engine.lifecycle.child_close`)."""
+    children = list(
+        WorkflowInstance.objects.filter(parent_id=parent.id).exclude(status__in=TERMINAL_STATUSES)
     )
-    if not children.exists():
-        return  # the common case: one query instead of three
-    for child in children.filter(parent_close_policy="terminate"):
-        terminate_instance(child, f"parent {parent.id} closed", now)
-    cancel = children.filter(parent_close_policy="request_cancel")
-    cancelled = list(cancel.values_list("id", flat=True))
-    cancel.update(cancel_requested=True, cancel_reason=f"parent {parent.id} closed")
-    for child_id in cancelled:
-        wake.after_commit(parent.tenant_id, child_id)
+    for child in children:  # the common case: none, in one query
+        close = lifecycle.child_close(child.parent_close_policy, str(parent.id))
+        if close is None:
+            continue
+        if close.action == "terminate":
+            terminate_instance(child, close.reason, now)
+        else:
+            WorkflowInstance.objects.filter(id=child.id).update(
+                cancel_requested=True, cancel_reason=close.reason
+            )
+            wake.after_commit(parent.tenant_id, child.id)
 
 
-def _fail_pending_updates(instance: WorkflowInstance, now: datetime) -> None:
+def _fail_pending_updates(instance: WorkflowInstance, reason: str, now: datetime) -> None:
     UpdateRequest.objects.filter(
         instance_id=instance.id, status=UpdateRequest.State.PENDING
-    ).update(
-        status=UpdateRequest.State.FAILED,
-        result=f"the run ended ({instance.status}) before answering",
-        completed_at=now,
-    )
+    ).update(status=UpdateRequest.State.FAILED, result=reason, completed_at=now)
 
 
 def close_instance(
-    instance: WorkflowInstance, status: str, now: datetime, **fields: object
+    instance: WorkflowInstance, action: str, transition: lifecycle.Transition, now: datetime
 ) -> None:
     """Close a run from outside its segment (terminate, force-complete, force-fail), whoever
-    holds it: the generation bump fences out its worker. Applies its children's close policy,
-    fails its pending updates and wakes its parent, as a finalize does."""
+    holds it: the generation bump fences out its worker. Applies the transition as a
+    finalize does (children's close policy, pending updates, locks, the parent's wake-up).
+    Raises :class:`Refused` when ``action`` does not apply to the run's status."""
+    refusal = lifecycle.close_refusal(action, instance.status)
+    if refusal is not None:
+        raise Refused(AbiStatus.PERMANENT, f"run {instance.id} is {refusal}")
     WorkflowInstance.objects.filter(id=instance.id).update(
-        status=status,
-        generation=F("generation") + 1,
-        assigned_to=None,
-        completed_at=now,
-        next_wake_at=None,
-        waiting_on=None,
-        **fields,
+        generation=F("generation") + 1, assigned_to=None
     )
     instance.refresh_from_db()
-    _close_children(instance, now)
-    _fail_pending_updates(instance, now)
-    if instance.parent_id:
-        wake.after_commit(instance.tenant_id, instance.parent_id)
+    apply_transition(instance, transition, now)
 
 
 def terminate_instance(instance: WorkflowInstance, reason: str, now: datetime) -> None:
-    close_instance(
-        instance, Status.TERMINATED, now, error=reason, error_code=ErrorCode.TERMINATED.value
-    )
+    close_instance(instance, "terminate", lifecycle.terminate(instance.workflow_id, reason), now)
 
 
 def release(ref: RunRef, now: datetime | None = None, delay_s: float = 0.0) -> bool:
@@ -664,9 +656,9 @@ def release(ref: RunRef, now: datetime | None = None, delay_s: float = 0.0) -> b
             id=ref.run_id,
             assigned_to=ref.worker_id,
             generation=ref.generation,
-            status=Status.RUNNING,
+            status=RunStatus.RUNNING,
         ).update(
-            status=Status.READY, assigned_to=None, next_wake_at=now + timedelta(seconds=delay_s)
+            status=RunStatus.READY, assigned_to=None, next_wake_at=now + timedelta(seconds=delay_s)
         )
     return released == 1
 
@@ -674,11 +666,12 @@ def release(ref: RunRef, now: datetime | None = None, delay_s: float = 0.0) -> b
 def heartbeat_worker(worker_id: str, now: datetime) -> int:
     """Renew every lease this worker holds. Deliberately not per-generation (one statement
     for all runs); each write of a segment is fenced on its own."""
-    if connection.vendor == "postgresql":
+    sql = queries(connection)
+    if "heartbeat_worker" in sql:
         with connection.cursor() as cursor:
-            cursor.execute("SELECT cleat.heartbeat_worker(%s, %s)", [worker_id, now])
+            cursor.execute(sql["heartbeat_worker"], [worker_id, now])
             return int(cursor.fetchone()[0])
-    return WorkflowInstance.objects.filter(assigned_to=worker_id, status=Status.RUNNING).update(
+    return WorkflowInstance.objects.filter(assigned_to=worker_id, status=RunStatus.RUNNING).update(
         heartbeat_at=now
     )
 
@@ -687,15 +680,16 @@ def reap_expired_leases(lease: timedelta, now: datetime) -> int:
     """Return runs whose worker stopped heartbeating to ``ready``, bumping their generation so
     the stalled worker's late writes are fenced out."""
     cutoff = now - lease
-    if connection.vendor == "postgresql":
+    sql = queries(connection)
+    if "reap_expired_leases" in sql:
         with connection.cursor() as cursor:
-            cursor.execute("SELECT cleat.reap_expired_leases(%s, %s)", [cutoff, now])
+            cursor.execute(sql["reap_expired_leases"], [cutoff, now])
             return int(cursor.fetchone()[0])
     with transaction.atomic():
         return WorkflowInstance.objects.filter(
-            status=Status.RUNNING, heartbeat_at__lt=cutoff
+            status=RunStatus.RUNNING, heartbeat_at__lt=cutoff
         ).update(
-            status=Status.READY,
+            status=RunStatus.READY,
             assigned_to=None,
             generation=F("generation") + 1,
             next_wake_at=now,
@@ -703,13 +697,14 @@ def reap_expired_leases(lease: timedelta, now: datetime) -> int:
 
 
 def next_due_at(task_queues: Sequence[str], tenant: uuid.UUID | None = None) -> datetime | None:
-    if connection.vendor == "postgresql":
+    sql = queries(connection)
+    if "next_due_at" in sql:
         with connection.cursor() as cursor:
-            cursor.execute("SELECT cleat.next_due_at(%s, %s)", [list(task_queues), tenant])
+            cursor.execute(sql["next_due_at"], [list(task_queues), tenant])
             value = cursor.fetchone()[0]
             return value if isinstance(value, datetime) else None
     query = WorkflowInstance.objects.filter(
-        status=Status.READY, task_queue__in=list(task_queues), next_wake_at__isnull=False
+        status=RunStatus.READY, task_queue__in=list(task_queues), next_wake_at__isnull=False
     )
     if tenant is not None:
         query = query.filter(tenant_id=tenant)

@@ -11,19 +11,18 @@ two instance locks at once.
 
 from __future__ import annotations
 
-import json
 import uuid
 from collections.abc import Callable, Collection, Sequence
 from datetime import datetime, timedelta
 from typing import Any
 
 from django.db import IntegrityError, connection, transaction
+from django.db.models import QuerySet
 from django.utils import timezone
 
-from engine.cron import cron_error, timezone_error
 from engine.errors import FenceLost, Refused, StorageError
 from engine.events import EncodedEvent, Event, encode
-from engine.status import Status
+from engine.status import AbiStatus
 from engine.storage import (
     AcquireLock,
     ChildOutcome,
@@ -46,66 +45,60 @@ from engine.storage import (
     UpdateRequest,
     child_status,
 )
+from engine.versions import NoSuchVersion, choose_version
 from workflows.models import (
+    PRIORITY_MAX,
+    PRIORITY_MIN,
     TERMINAL_STATUSES,
     ConcurrencyKey,
     Invocation,
     Promise,
+    RunStatus,
     Signal,
-    Tenant,
     WorkflowDefinition,
     WorkflowEvent,
     WorkflowInstance,
     WorkflowState,
-)
-from workflows.models import (
-    Status as RunStatus,
+    continue_chain,
 )
 from workflows.models import (
     UpdateRequest as UpdateRequestRow,
 )
-from workflows.store import wake
-from workflows.tenancy import TENANT_SETTING, tenant_context
+from workflows.store import crons, wake
+from workflows.store.sql import queries
+from workflows.tenancy import tenant_context
+
+
+def _fenced(ref: RunRef) -> QuerySet[WorkflowInstance]:
+    """The claimed instance row, locked, while the claim is still this worker's."""
+    return WorkflowInstance.objects.select_for_update(
+        no_key=connection.features.has_select_for_no_key_update
+    ).filter(
+        id=ref.run_id,
+        tenant_id=ref.tenant_id,
+        assigned_to=ref.worker_id,
+        generation=ref.generation,
+        status=RunStatus.RUNNING,
+    )
+
+
+def _fence_lost(ref: RunRef) -> FenceLost:
+    return FenceLost(f"run {ref.run_id} is no longer owned by {ref.worker_id}@{ref.generation}")
 
 
 def lock_fenced(ref: RunRef) -> int:
     """Lock the claimed instance row; return its event count. Raises FenceLost."""
-    row = (
-        WorkflowInstance.objects.select_for_update(
-            no_key=connection.features.has_select_for_no_key_update
-        )
-        .filter(
-            id=ref.run_id,
-            tenant_id=ref.tenant_id,
-            assigned_to=ref.worker_id,
-            generation=ref.generation,
-            status=RunStatus.RUNNING,
-        )
-        .values_list("event_count", flat=True)
-        .first()
-    )
+    row = _fenced(ref).values_list("event_count", flat=True).first()
     if row is None:
-        raise FenceLost(f"run {ref.run_id} is no longer owned by {ref.worker_id}@{ref.generation}")
+        raise _fence_lost(ref)
     return int(row)
 
 
 def lock_fenced_instance(ref: RunRef) -> WorkflowInstance:
     """:func:`lock_fenced`, returning the locked row itself. Raises FenceLost."""
-    instance = (
-        WorkflowInstance.objects.select_for_update(
-            no_key=connection.features.has_select_for_no_key_update
-        )
-        .filter(
-            id=ref.run_id,
-            tenant_id=ref.tenant_id,
-            assigned_to=ref.worker_id,
-            generation=ref.generation,
-            status=RunStatus.RUNNING,
-        )
-        .first()
-    )
+    instance = _fenced(ref).first()
     if instance is None:
-        raise FenceLost(f"run {ref.run_id} is no longer owned by {ref.worker_id}@{ref.generation}")
+        raise _fence_lost(ref)
     return instance
 
 
@@ -154,42 +147,6 @@ def append_locked(
     return expected
 
 
-# PostgreSQL: the fence and the append of a per-step flush in one statement. The UPDATE
-# matches only the claimed row (owner, generation, running) whose history ends right before
-# the first new step, and takes its row lock; the INSERT selects from its RETURNING, so it
-# inserts nothing unless the fence matched. RLS applies to both (the tenant is set first).
-#
-# The INSERT part is shared with the one-message finalize (``store.lifecycle``): a CTE named
-# ``appended`` inserting the events from a CTE ``fence`` (RETURNING ``id, tenant_id``), with
-# the parameters of :func:`append_params`.
-APPEND_FROM_FENCE_SQL = f"""appended AS (
-    INSERT INTO {WorkflowEvent._meta.db_table}
-           (tenant_id, instance_id, step, type_code, payload, timestamp_ms, checksum,
-            intent_at, created_at)
-    SELECT fence.tenant_id, fence.id, e.step, e.type_code, e.payload, e.ts, e.checksum,
-           e.intent_at, %s
-      FROM fence,
-           unnest(%s::integer[], %s::smallint[], %s::text[], %s::bigint[], %s::varchar[],
-                  %s::timestamptz[]) AS e(step, type_code, payload, ts, checksum, intent_at)
-    RETURNING 1
-)"""
-_FENCED_APPEND_SQL = f"""
-WITH fence AS (
-    UPDATE {WorkflowInstance._meta.db_table}
-       SET event_count = %s, heartbeat_at = %s
-     WHERE id = %s AND tenant_id = %s AND assigned_to = %s AND generation = %s
-       AND status = %s AND event_count = %s
-    RETURNING id, tenant_id
-), {APPEND_FROM_FENCE_SQL}
-SELECT count(*) FROM fence
-"""
-# Outside a transaction, with client-side binding (Django's default for psycopg 3), the
-# tenant and the statement go in one simple-protocol message: PostgreSQL runs the statements
-# of one message as one implicit transaction (set_config(..., true) is local to it; an error
-# rolls all of it back), so a step costs one round trip and one commit.
-SET_TENANT_SQL = f"SELECT set_config('{TENANT_SETTING}', %s, true);"
-
-
 def contiguous(events: Sequence[Event]) -> bool:
     """The events' steps follow one another (what the one-statement appends require)."""
     first = events[0].step if events else 0
@@ -197,7 +154,8 @@ def contiguous(events: Sequence[Event]) -> bool:
 
 
 def append_params(stored: Sequence[EncodedEvent], now: datetime) -> list[Any]:
-    """The parameters of :data:`APPEND_FROM_FENCE_SQL`: ``created_at`` and the event arrays."""
+    """The parameters of the events' INSERT shared by ``fenced_append`` and ``finalize_done``
+    (``APPEND_FROM_FENCE_SQL`` in sql/postgresql.py): ``created_at`` and the event arrays."""
     return [
         now,
         [s.step for s in stored],
@@ -218,7 +176,8 @@ def fenced_append(
     written -- not PostgreSQL, an unusual batch, or the row did not match (fence lost, a
     gap, a retried flush): the caller then takes the general path (:func:`lock_fenced` +
     :func:`append_locked`), which tells those cases apart."""
-    if connection.vendor != "postgresql" or not events:
+    sql = queries(connection)
+    if "fenced_append" not in sql or not events:
         return False
     if not contiguous(events):
         return False
@@ -238,12 +197,14 @@ def fenced_append(
     if not connection.in_atomic_block and connection.get_autocommit():
         with connection.cursor() as cursor:
             if client_side_binding(cursor):
-                cursor.execute(SET_TENANT_SQL + _FENCED_APPEND_SQL, [str(tenant_id), *params])
+                cursor.execute(
+                    sql["set_tenant_in_message"] + sql["fenced_append"], [str(tenant_id), *params]
+                )
                 cursor.nextset()
                 row = cursor.fetchone()
                 return bool(row and row[0] == 1)
     with tenant_context(tenant_id), connection.cursor() as cursor:
-        cursor.execute(_FENCED_APPEND_SQL, params)
+        cursor.execute(sql["fenced_append"], params)
         row = cursor.fetchone()
     return bool(row and row[0] == 1)
 
@@ -336,7 +297,7 @@ class DjangoStorage:
                     value = int(current) + m.delta
                 except ValueError:
                     raise Refused(
-                        Status.PERMANENT, f"the value of {m.key!r} is not an integer"
+                        AbiStatus.PERMANENT, f"the value of {m.key!r} is not an integer"
                     ) from None
                 if row:
                     row.value = str(value)
@@ -386,10 +347,12 @@ class DjangoStorage:
             case SendSignal():
                 target = find_signal_target(tenant, m.target_id)
                 if target is None:
-                    raise Refused(Status.NOT_FOUND, f"no running workflow {m.target_id}")
+                    raise Refused(AbiStatus.NOT_FOUND, f"no running workflow {m.target_id}")
                 allowed = target.allowed_signals
                 if allowed is not None and m.name not in allowed:
-                    raise Refused(Status.DENIED, f"{m.target_id} does not accept signal {m.name!r}")
+                    raise Refused(
+                        AbiStatus.DENIED, f"{m.target_id} does not accept signal {m.name!r}"
+                    )
                 Signal.objects.create(
                     tenant_id=tenant,
                     instance_id=target.id,
@@ -411,15 +374,9 @@ class DjangoStorage:
                 settle_promise(tenant, m.promise_id, m.value, m.error, m.rejected, now)
                 return None
             case CreateSchedule():
-                return create_schedule_from_workflow(tenant, ref, m, now)
+                return crons.create(tenant, ref, m, now)
             case DeleteSchedule():
-                from schedules.models import Schedule
-
-                deleted, _ = Schedule.objects.filter(
-                    tenant_id=tenant, id=_uuid_or_none(m.schedule_id)
-                ).delete()
-                if not deleted:
-                    raise Refused(Status.NOT_FOUND, f"no schedule {m.schedule_id}")
+                crons.delete(tenant, m)
                 return None
             case EnqueueInvocation():
                 Invocation.objects.get_or_create(
@@ -463,7 +420,8 @@ class DjangoStorage:
             definition_name=definition.name,
             definition_version=definition.version,
             input=input,
-            priority=priority,
+            # A guest may ask for any i64: held to the range every start is held to.
+            priority=min(max(priority, PRIORITY_MIN), PRIORITY_MAX),
             task_queue=(parent_row or {}).get("task_queue", "default"),
             parent_id=ref.run_id if parent else None,
             parent_close_policy=policy,
@@ -538,22 +496,8 @@ class DjangoStorage:
             return sorted(keys)
 
     def list_schedules(self, run: RunRef) -> list[dict[str, Any]]:
-        from schedules.models import Schedule
-
         with tenant_context(self.tenant_id):
-            rows = Schedule.objects.filter(tenant_id=self.tenant_id).order_by("created_at", "id")
-            return [
-                {
-                    "id": str(s.id),
-                    "name": s.name,
-                    "workflow_name": s.workflow_name,
-                    "cron": s.cron,
-                    "timezone": s.timezone,
-                    "input": s.input,
-                    "enabled": s.enabled,
-                }
-                for s in rows
-            ]
+            return crons.list_schedules(self.tenant_id)
 
     def pending_updates(self, run: RunRef, exclude: Collection[str]) -> list[UpdateRequest]:
         with tenant_context(self.tenant_id):
@@ -622,17 +566,13 @@ def child_outcome(tenant: uuid.UUID, run_id: str) -> ChildOutcome | None:
         WorkflowInstance.objects.filter(tenant_id=tenant, id=as_uuid).first() if as_uuid else None
     )
     if child is None:
-        return ChildOutcome(Status.NOT_FOUND, error=f"no run {run_id}")
-    seen = 0
-    while seen < 10_000:  # follow continue-as-new to the run that finished
-        successor = WorkflowInstance.objects.filter(continued_from_id=child.id).first()
-        if successor is None:
-            break
-        child, seen = successor, seen + 1
+        return ChildOutcome(AbiStatus.NOT_FOUND, error=f"no run {run_id}")
+    # Follow continue-as-new to the run that finished.
+    child = [child, *continue_chain(child, limit=10_000)][-1]
     if child.status == RunStatus.DONE:
-        return ChildOutcome(Status.OK, result=child.result or "")
+        return ChildOutcome(AbiStatus.OK, result=child.result or "")
     if child.status == RunStatus.TERMINATED:
-        return ChildOutcome(Status.CANCELLED, error=child.error or "terminated")
+        return ChildOutcome(AbiStatus.CANCELLED, error=child.error or "terminated")
     if child.status in TERMINAL_STATUSES:
         return ChildOutcome(child_status(child.error_code), error=child.error or "")
     return None
@@ -642,20 +582,18 @@ def resolve_child_definition(
     tenant: uuid.UUID, name: str, version: int, parent_version: int
 ) -> WorkflowDefinition:
     """Explicit version; else the parent's version when the child has it; else the newest
-    non-deprecated version whose min_version admits the parent's."""
+    non-deprecated version (:func:`engine.versions.choose_version`)."""
     defs = WorkflowDefinition.objects.filter(tenant_id=tenant, name=name).defer("wasm")
-    if version > 0:
-        found = defs.filter(version=version).first()
-        if found is None:
-            raise Refused(Status.NOT_FOUND, f"{name!r} has no version {version}")
-        return found
-    same = defs.filter(version=parent_version).first() if parent_version else None
-    if same is not None:
-        return same
-    latest = defs.filter(deprecated=False).order_by("-version").first()
-    if latest is None:
-        raise Refused(Status.NOT_FOUND, f"no workflow definition named {name!r}")
-    return latest
+    try:
+        chosen = choose_version(
+            name,
+            dict(defs.values_list("version", "deprecated")),
+            version=version if version > 0 else None,
+            preferred=parent_version,
+        )
+    except NoSuchVersion as exc:
+        raise Refused(AbiStatus.NOT_FOUND, exc.message) from None
+    return defs.get(version=chosen)
 
 
 def settle_promise(
@@ -663,55 +601,14 @@ def settle_promise(
 ) -> Promise:
     promise = Promise.objects.select_for_update().filter(tenant_id=tenant, id=promise_id).first()
     if promise is None:
-        raise Refused(Status.NOT_FOUND, f"no promise {promise_id}")
+        raise Refused(AbiStatus.NOT_FOUND, f"no promise {promise_id}")
     if promise.status != Promise.State.PENDING:
-        raise Refused(Status.PERMANENT, f"promise {promise_id} is already {promise.status}")
+        raise Refused(AbiStatus.PERMANENT, f"promise {promise_id} is already {promise.status}")
     promise.status = Promise.State.REJECTED if rejected else Promise.State.RESOLVED
     promise.value, promise.error, promise.settled_at = value, error, now
     promise.save(update_fields=["status", "value", "error", "settled_at"])
     wake.after_commit(tenant, promise.instance_id)
     return promise
-
-
-def create_schedule_from_workflow(
-    tenant: uuid.UUID, ref: RunRef, m: CreateSchedule, now: datetime
-) -> str:
-    from schedules.cron import CronError, next_fire_time
-    from schedules.models import Schedule
-
-    problem = cron_error(m.cron) or timezone_error(m.timezone)
-    if problem:
-        raise Refused(Status.PERMANENT, problem)
-    if not WorkflowDefinition.objects.filter(tenant_id=tenant, name=m.workflow_name).exists():
-        raise Refused(Status.NOT_FOUND, f"no workflow definition named {m.workflow_name!r}")
-    schedule_id = uuid.UUID(m.schedule_id)
-    if Schedule.objects.filter(tenant_id=tenant, id=schedule_id).exists():
-        return m.schedule_id
-    quota = Tenant.objects.filter(id=tenant).values_list("schedule_quota", flat=True).first() or 0
-    if Schedule.objects.filter(tenant_id=tenant).count() >= quota:
-        raise Refused(Status.DENIED, f"the tenant's quota of {quota} schedules is reached")
-    try:
-        json.loads(m.input)
-    except json.JSONDecodeError:
-        raise Refused(Status.PERMANENT, "the schedule's input is not valid JSON") from None
-    try:
-        # The scheduler takes it from here: the first instant after the step's time.
-        first_run = next_fire_time(m.cron, m.timezone, now)
-    except CronError as exc:
-        raise Refused(Status.PERMANENT, exc.message) from None
-    Schedule.objects.create(
-        id=schedule_id,
-        tenant_id=tenant,
-        name=f"{m.workflow_name}-{m.schedule_id[:8]}",
-        workflow_name=m.workflow_name,
-        cron=m.cron,
-        timezone=m.timezone,
-        input=m.input,
-        next_run_at=first_run,
-        created_by_run=_uuid_or_none(ref.run_id),
-        created_at=now,
-    )
-    return m.schedule_id
 
 
 __all__ = [

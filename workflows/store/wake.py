@@ -22,7 +22,8 @@ from django.db import connection, transaction
 from django.db.models import Q
 from django.utils import timezone
 
-from workflows.models import Status, WorkflowInstance
+from workflows.models import RunStatus, WorkflowInstance
+from workflows.store.sql import queries
 from workflows.tenancy import tenant_context
 
 log = logging.getLogger("cleat.store")
@@ -35,7 +36,9 @@ def wake_now(tenant: uuid.UUID, instance_id: uuid.UUID | str) -> bool:
     now = timezone.now()
     with tenant_context(tenant):
         woken = (
-            WorkflowInstance.objects.filter(id=instance_id, tenant_id=tenant, status=Status.READY)
+            WorkflowInstance.objects.filter(
+                id=instance_id, tenant_id=tenant, status=RunStatus.READY
+            )
             .filter(Q(next_wake_at__isnull=True) | Q(next_wake_at__gt=now))
             .update(next_wake_at=now)
         )
@@ -56,11 +59,12 @@ def after_commit(tenant: uuid.UUID, instance_id: uuid.UUID | str) -> None:
 
 def notify() -> None:
     """Wake idle workers (PostgreSQL LISTEN/NOTIFY); a no-op elsewhere (they poll)."""
-    if connection.vendor != "postgresql":
+    statement = queries(connection).get("notify_wake")
+    if statement is None:
         return
     try:
         with connection.cursor() as cursor:
-            cursor.execute("SELECT pg_notify(%s, '')", [NOTIFY_CHANNEL])
+            cursor.execute(statement, [NOTIFY_CHANNEL])
     except Exception:
         log.debug("pg_notify failed", exc_info=True)
 

@@ -11,8 +11,9 @@ import pytest
 
 from engine.events import DurableLogEvent, SideEffectEvent
 from engine.inmemory import InMemoryStorage
+from engine.outcomes import Completed
 from engine.services import Services
-from engine.session import Completed, RunInfo
+from engine.session import RunInfo
 from engine.storage import RunRef
 from engine.testing import WorkflowEnvironment
 from tests.fixtures import FakeService, assert_replays_quietly, event_types, wait_of

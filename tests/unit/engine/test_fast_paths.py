@@ -17,6 +17,7 @@ from typing import Any
 import pytest
 
 from engine.abi import IMPORTS
+from engine.core_backend import _arg_reader, _guest_bytes, _not_utf8
 from engine.determinism import IdempotencyKeys, b32_lower, idempotency_key
 from engine.errors import GuestFault
 from engine.events import (
@@ -32,7 +33,6 @@ from engine.events import (
     json_loads,
     record_maker,
 )
-from engine.runtime import _arg_reader, _guest_bytes, _not_utf8
 from engine.services import CallContext, PythonService, _dumps
 from engine.status import Status
 from tests.unit.engine.test_determinism import VECTORS

@@ -14,7 +14,7 @@ import wasmtime
 
 from engine.errors import ErrorCode
 from engine.events import EventType, history_from_json
-from engine.session import Completed, Failed, SegmentResult
+from engine.outcomes import Completed, Failed, SegmentResult
 from engine.testing import WorkflowEnvironment
 
 HISTORIES = Path(__file__).parents[2] / "fixtures" / "histories"

@@ -10,7 +10,7 @@ from collections.abc import Callable
 import pytest
 
 from engine.config import EngineConfig
-from engine.session import Completed, Failed
+from engine.outcomes import Completed, Failed
 from engine.testing import WorkflowEnvironment
 from tests.fixtures import FakeService, assert_replays_quietly, event_types
 from tests.fixtures.wat import Wat
@@ -40,9 +40,9 @@ def swap(env: WorkflowEnvironment, name: str, wasm: bytes) -> None:
 
 
 def test_a_different_call_on_resume_fails_with_nondeterminism() -> None:
-    """v1 called svc.a then slept; the code now calls svc.b at that step: the run fails
-    with nondeterminism naming step 0, the recorded call and the new one; svc.b is never
-    called and the history is left as it was."""
+    """v1 called svc.a then slept; the code now calls svc.b at that step: the run is
+    dead-lettered (a fixed version can be retried) with nondeterminism naming step 0, the
+    recorded call and the new one; svc.b is never called and the history is left as it was."""
     svc = FakeService({"a": {"v": 1}, "b": {"v": 2}})
     env = WorkflowEnvironment({"svc": svc})
     env.deploy("wf", calls("a"))
@@ -52,7 +52,7 @@ def test_a_different_call_on_resume_fails_with_nondeterminism() -> None:
     env.advance(seconds=1)
 
     info = env.describe(run)
-    assert (info["status"], info["error_code"]) == ("failed", "nondeterminism")
+    assert (info["status"], info["error_code"]) == ("dead_lettered", "nondeterminism")
     assert info["error"] == (
         "non-determinism at step 0: the history recorded call(svc, a, {}), "
         "but the workflow now calls call(svc, b, {})"

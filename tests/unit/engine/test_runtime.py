@@ -3,6 +3,7 @@ points, and the segment deadline's treatment of time spent in services."""
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import os
 import time
@@ -14,10 +15,14 @@ import pytest
 import wasmtime
 
 from engine.config import EngineConfig
+from engine.errors import InvalidModule
 from engine.inmemory import InMemoryStorage
-from engine.runtime import WASMTIME_VERSION, WasmRuntime
+from engine.module_cache import WASMTIME_VERSION
+from engine.outcomes import Completed, Failed
+from engine.runtime import WasmRuntime
 from engine.services import Services
-from engine.session import Completed, Failed, RunInfo
+from engine.session import RunInfo
+from engine.storage import RunRef
 from engine.testing import VirtualClock, WorkflowEnvironment
 
 RESULT = '{"n":NUM}'
@@ -91,6 +96,31 @@ def test_least_recently_used_module_is_evicted_at_size(make_runtime: Any) -> Non
     rt.load(b)
     assert (rt.modules.hits, rt.modules.misses) == (2, 4), "b should have been evicted"
     assert completes_with(rt, b, 2)
+
+
+# --- backends by module kind ---------------------------------------------------------------
+
+
+def test_each_module_kind_has_its_backend_and_an_unknown_kind_is_refused(
+    make_runtime: Any,
+) -> None:
+    """Core modules run on the core backend, components on the component backend (made once,
+    on first use); a kind no backend serves is an InvalidModule naming it."""
+    rt = make_runtime()
+    assert rt.backend("core") is rt.core
+    assert rt.backend("component") is rt.backend("component") is rt.components
+    with pytest.raises(InvalidModule, match="'wasm3'"):
+        rt.backend("wasm3")
+
+
+def test_a_loaded_module_whose_kind_no_backend_serves_fails_to_run(make_runtime: Any) -> None:
+    """The runtime runs a module on the backend its recorded kind names, not on a default."""
+    rt = make_runtime()
+    loaded = rt.load(numbered_module(7))
+    stray = dataclasses.replace(loaded, info=dataclasses.replace(loaded.info, kind="wasm3"))
+    run = RunInfo(RunRef("t", "wf", "run", "worker", 1), "numbered", 1, "{}", 0)
+    with pytest.raises(InvalidModule, match="'wasm3'"):
+        rt.run_segment(stray, run, (), InMemoryStorage(lambda: 0), Services.from_settings())
 
 
 # --- disk cache ----------------------------------------------------------------------------

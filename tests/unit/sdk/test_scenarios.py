@@ -341,11 +341,13 @@ def test_time_and_randomness_are_the_same_on_replay(
 
 
 def test_identity_side_effects_and_not_found(
-    env: WorkflowEnvironment, deploy: Callable[..., None]
+    env: WorkflowEnvironment, scenarios_wasm: bytes
 ) -> None:
-    deploy(env, "lookups")
+    """version() and min_version() answer what the deploy declared (through the component
+    backend), the rest answer the run's identity and lookups."""
+    env.deploy("lookups", scenarios_wasm, version=3, min_version=2)
     run = env.run("lookups", workflow_id="wf-lookups")
-    assert env.result(run) == ["wf-lookups", True, 1, ["not_found", True], True]
+    assert env.result(run) == ["wf-lookups", True, 3, 2, ["not_found", True], True]
     assert event_types(env, run)[-1] == "durable_log"
     assert_replays_quietly(env, run)
 
@@ -356,8 +358,11 @@ def test_an_exception_fails_the_run_with_the_workflows_own_frames(
 ) -> None:
     deploy(env, "crashes")
     run = env.run("crashes", {})
+    assert env.describe(run)["waiting_on"] == "retry 2 of 3 after error"
+    env.advance(seconds=1)
+    env.advance(seconds=2)  # the last attempt fails too: the run is dead-lettered
     info = env.describe(run)
-    assert (info["status"], info["error_code"]) == ("failed", "error")
+    assert (info["status"], info["error_code"]) == ("dead_lettered", "error")
     assert info["error"].splitlines()[0] == "KeyError: 'nope'"
     assert "at scenarios.py:" in info["error"] and "in crashes" in info["error"]
     assert "cleat_workflow" not in info["error"]

@@ -8,9 +8,16 @@ role only, and returns just what authentication needs -- never the hash of anoth
 
 from __future__ import annotations
 
+from django.conf import settings
 from django.db import migrations
 
-from workflows import rls
+# Frozen copies: a migration must not import the app's live modules.
+DISPATCHER_ROLE = "cleat_dispatcher"
+
+
+def app_role() -> str:
+    return str(getattr(settings, "CLEAT_APP_ROLE", "cleat_app"))
+
 
 SIGNATURE = "cleat.resolve_api_key(text)"
 
@@ -29,11 +36,11 @@ $$;
 def create(apps, schema_editor):
     if schema_editor.connection.vendor != "postgresql":
         return
-    role = rls.app_role()
+    role = app_role()
     with schema_editor.connection.cursor() as cursor:
-        cursor.execute(f"GRANT SELECT ON workflows_apikey TO {rls.DISPATCHER_ROLE}")
+        cursor.execute(f"GRANT SELECT ON workflows_apikey TO {DISPATCHER_ROLE}")
         cursor.execute(RESOLVE_SQL)
-        cursor.execute(f"ALTER FUNCTION {SIGNATURE} OWNER TO {rls.DISPATCHER_ROLE}")
+        cursor.execute(f"ALTER FUNCTION {SIGNATURE} OWNER TO {DISPATCHER_ROLE}")
         cursor.execute(f"REVOKE EXECUTE ON FUNCTION {SIGNATURE} FROM PUBLIC")
         cursor.execute(f"GRANT EXECUTE ON FUNCTION {SIGNATURE} TO {role}")
 

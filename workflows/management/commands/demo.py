@@ -13,6 +13,7 @@ from django.core.management.base import BaseCommand, CommandParser
 from engine.services import Services
 from engine.testing import WorkflowEnvironment
 from workflows import services as svc
+from workflows.definitions import deploy_definition
 from workflows.demo import DEMO_WAT, charge, reserve
 from workflows.executor import get_services, set_services
 from workflows.models import DEFAULT_TENANT_ID, WorkflowDefinition
@@ -78,7 +79,7 @@ class Command(BaseCommand):
         import hashlib
 
         if latest is None or latest[0] != hashlib.sha256(wasm).hexdigest():
-            version = svc.deploy_definition(tenant, "demo-order", wasm).version
+            version = deploy_definition(tenant, "demo-order", wasm).version
             self.stdout.write(f"deployed demo-order version {version}")
         instance, _ = svc.start_workflow(tenant, "demo-order", {"customer": "ada"})
         run = str(instance.id)
@@ -93,14 +94,12 @@ class Command(BaseCommand):
         self._work()
         info = self._show(run)
         self.stdout.write(f"status: {info['status']}  result: {info['result']}")
-        from engine.events import EncodedEvent, decode
+        from engine.events import decode
         from workflows.models import WorkflowEvent
 
         with tenant_context(tenant.id):
-            rows = WorkflowEvent.objects.filter(instance_id=run).order_by("step")
-            for row in rows:
-                stored = (row.step, row.type_code, row.timestamp_ms, row.payload, row.checksum)
-                event = decode(EncodedEvent(*stored))
+            for stored in WorkflowEvent.history(tenant.id, run):
+                event = decode(stored)
                 self.stdout.write(f"  step {event.step:>2}  {event.describe()}")
         self.stdout.write(self.style.SUCCESS("the history is in the database; the admin shows it"))
 

@@ -9,13 +9,14 @@ import wasmtime
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
 from workflows.api.parsers import max_module_bytes
+from workflows.definitions import deploy_definition
 from workflows.management.commands._common import (
     VersionOptionMixin,
     add_tenant_argument,
     fail,
     tenant_from,
 )
-from workflows.services import ServiceError, deploy_definition
+from workflows.services import ServiceError
 
 
 class Command(VersionOptionMixin, BaseCommand):

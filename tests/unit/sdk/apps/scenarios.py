@@ -278,7 +278,7 @@ def cancellable(ctx: Context, input: Any) -> Any:
 
 @workflow
 def lookups(ctx: Context, input: Any) -> Any:
-    seen: list[Any] = [ctx.workflow_id, ctx.run_id == ctx.run_id, ctx.version]
+    seen: list[Any] = [ctx.workflow_id, ctx.run_id == ctx.run_id, ctx.version, ctx.min_version]
     try:
         ctx.await_child("no-such-run")
     except NotFound as exc:

@@ -1,0 +1,81 @@
+"""The fast paths of the host boundary: libwasmtime called directly, past wasmtime-py's
+checked wrappers, where a durable step pays for every call.
+
+wasmtime-py converts and checks every argument and wraps every pointer its declarations
+return; on the hot path (every host call reads guest memory, every reply calls
+``cleat_alloc``) that cost several times the call itself. The declarations here take
+pointers wasmtime-py made and integers as explicit ctypes values. The core backend
+(``engine.core_backend``) uses all of them; the component backend shares ``CallerContext``
+and ``NO_FINALIZER``.
+"""
+
+from __future__ import annotations
+
+import ctypes
+from typing import Any
+
+from wasmtime import _ffi as wasmtime_ffi
+
+# The hot path of a host call calls libwasmtime through a handle of its own. wasmtime-py's
+# declarations check and convert every argument and wrap every pointer they return, which
+# costs several times the call itself; these take pointers wasmtime-py made (so their types
+# are right), integers as explicit ctypes values, and return plain integers. A separate
+# handle leaves wasmtime-py's own declarations as they are.
+libwasmtime = ctypes.CDLL(wasmtime_ffi.dll._name)
+CONTEXT_PTR = ctypes.POINTER(wasmtime_ffi.wasmtime_context_t)
+ERROR_PTR = ctypes.POINTER(wasmtime_ffi.wasmtime_error_t)
+memory_data = libwasmtime.wasmtime_memory_data
+memory_data.restype = ctypes.c_void_p
+memory_data_size = libwasmtime.wasmtime_memory_data_size
+memory_data_size.restype = ctypes.c_size_t
+func_call = libwasmtime.wasmtime_func_call
+func_call.restype = ctypes.c_void_p  # wasmtime_error_t*, NULL on success
+caller_context = libwasmtime.wasmtime_caller_context
+caller_context.argtypes = [ctypes.c_void_p]
+caller_context.restype = CONTEXT_PTR
+define_func_unchecked = libwasmtime.wasmtime_linker_define_func_unchecked
+define_func_unchecked.restype = ctypes.c_void_p  # wasmtime_error_t*, NULL on success
+set_epoch_deadline = libwasmtime.wasmtime_context_set_epoch_deadline
+set_epoch_deadline.restype = None
+ONE = ctypes.c_size_t(1)
+TRAP_PTR = ctypes.POINTER(wasmtime_ffi.wasm_trap_t)
+U64 = ctypes.c_uint64
+# The status byte of a reply, for each status a byte can hold.
+STATUS_BYTE = tuple(bytes((i,)) for i in range(256))
+
+# Host functions are defined on the linker "unchecked": wasmtime hands the callback the
+# address of the raw argument slots (and takes the result in slot 0) instead of wasmtime-py
+# converting every value through its generic ``Val`` layer, which costs about 30 µs a call,
+# more than the whole budget of a durable step. The import types are still checked when a
+# module is linked. Exceptions leave the callback the way wasmtime-py's own trampoline lets
+# them: parked in ``wasmtime._func.LAST_EXCEPTION`` behind a trap, and re-raised by
+# wasmtime-py (or ``_call_alloc``) where the guest was entered.
+HostCallback = ctypes.CFUNCTYPE(
+    ctypes.c_size_t, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_size_t
+)
+VALUE_SLOT = ctypes.sizeof(wasmtime_ffi.wasmtime_val_raw_t)
+SLOT_FORMAT = {"i32": f"i{VALUE_SLOT - 4}x", "i64": f"q{VALUE_SLOT - 8}x"}
+
+
+class CallerContext:
+    """The store context of the host call in progress, as the ``Storelike`` wasmtime-py
+    expects (it reads ``_context()``). Like a ``wasmtime.Caller``, invalid once the call has
+    returned."""
+
+    __slots__ = ("_pointer",)
+
+    def __init__(self, pointer: Any) -> None:
+        self._pointer = pointer
+
+    def _context(self) -> Any:
+        if self._pointer is None:
+            raise ValueError("caller is no longer valid")
+        return self._pointer
+
+    def invalidate(self) -> None:
+        """Never usable after the host call returns."""
+        self._pointer = None
+
+
+# Host functions hold no per-definition data, so there is nothing to finalize.
+NO_FINALIZER = ctypes.CFUNCTYPE(None, ctypes.c_void_p)(lambda _data: None)

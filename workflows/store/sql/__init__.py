@@ -1,0 +1,54 @@
+"""Every hand-written SQL statement of the workflows store, one module per dialect, fetched
+by name: ``queries(connection)["claim_ready"]``.
+
+Each dialect module (``postgresql``, ``mysql``, ``sqlite``, ``mssql``) holds a ``QUERIES``
+mapping of the statements the store runs on that database; a name a dialect does not define
+means the store says it through the ORM there (``queries(connection).get(name)`` is None),
+so the store's Python chooses by what the dialect offers, never by the vendor's name. The
+PostgreSQL module also holds the live definitions of the definer functions and the RLS
+statements: the migrations that install them carry frozen copies (a migration never
+imports this package), and ``tests/integration/test_migrations_sql.py`` checks that what a
+fresh migrate installs matches these.
+
+Table names are formatted in once, at import, from the models.
+"""
+
+from __future__ import annotations
+
+import importlib
+from collections.abc import Callable, Mapping
+from types import MappingProxyType
+from typing import Any
+
+# Django's connection.vendor -> the module of that dialect.
+DIALECT_MODULES = {
+    "postgresql": "postgresql",
+    "mysql": "mysql",
+    "sqlite": "sqlite",
+    "microsoft": "mssql",
+}
+
+
+def loader(package: str) -> Callable[[Any], Mapping[str, str]]:
+    """``queries(connection)`` for the per-dialect modules of ``package`` (each defines a
+    ``QUERIES`` dict). A dialect's module is imported when first asked for."""
+    loaded: dict[str, Mapping[str, str]] = {}
+
+    def queries(connection: Any) -> Mapping[str, str]:
+        vendor = connection.vendor
+        found = loaded.get(vendor)
+        if found is None:
+            try:
+                name = DIALECT_MODULES[vendor]
+            except KeyError:
+                raise LookupError(f"no SQL dialect module for the {vendor!r} database") from None
+            module = importlib.import_module(f"{package}.{name}")
+            found = loaded[vendor] = MappingProxyType(dict(module.QUERIES))
+        return found
+
+    return queries
+
+
+queries = loader(__name__)
+
+__all__ = ["DIALECT_MODULES", "loader", "queries"]

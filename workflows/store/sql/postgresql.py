@@ -1,0 +1,381 @@
+"""PostgreSQL: every hand-written statement of the workflows store (``QUERIES``, fetched by
+name through ``workflows.store.sql.queries``), and the live definitions of what the
+migrations install -- the tenant function, row-level security, the roles and the
+``SECURITY DEFINER`` functions (``workflows/rls.py`` says why each exists). The migrations
+carry frozen copies of those; ``tests/integration/test_migrations_sql.py`` checks that a
+fresh migrate installs functions whose bodies match the ones here, so a change here is a new
+migration.
+
+Table names are formatted in once, at import.
+"""
+
+from __future__ import annotations
+
+from workflows.models import (
+    TERMINAL_STATUSES,
+    ConcurrencyKey,
+    UpdateRequest,
+    WorkflowDefinition,
+    WorkflowEvent,
+    WorkflowInstance,
+)
+from workflows.rls import DISPATCHER_ROLE
+from workflows.store.wake import NOTIFY_CHANNEL
+from workflows.tenancy import TENANT_SETTING
+
+# --- the tenant ------------------------------------------------------------------------------
+
+# tenant_context(): the setting's name and the tenant ('' for none), local to the transaction.
+SET_TENANT = "SELECT set_config(%s, %s, true)"
+
+# PostgreSQL: the fence and the append of a per-step flush in one statement. The UPDATE
+# matches only the claimed row (owner, generation, running) whose history ends right before
+# the first new step, and takes its row lock; the INSERT selects from its RETURNING, so it
+# inserts nothing unless the fence matched. RLS applies to both (the tenant is set first).
+#
+# The INSERT part is shared with the one-message finalize (``store.lifecycle``): a CTE named
+# ``appended`` inserting the events from a CTE ``fence`` (RETURNING ``id, tenant_id``), with
+# the parameters of :func:`append_params`.
+APPEND_FROM_FENCE_SQL = f"""appended AS (
+    INSERT INTO {WorkflowEvent._meta.db_table}
+           (tenant_id, instance_id, step, type_code, payload, timestamp_ms, checksum,
+            intent_at, created_at)
+    SELECT fence.tenant_id, fence.id, e.step, e.type_code, e.payload, e.ts, e.checksum,
+           e.intent_at, %s
+      FROM fence,
+           unnest(%s::integer[], %s::smallint[], %s::text[], %s::bigint[], %s::varchar[],
+                  %s::timestamptz[]) AS e(step, type_code, payload, ts, checksum, intent_at)
+    RETURNING 1
+)"""
+_FENCED_APPEND_SQL = f"""
+WITH fence AS (
+    UPDATE {WorkflowInstance._meta.db_table}
+       SET event_count = %s, heartbeat_at = %s
+     WHERE id = %s AND tenant_id = %s AND assigned_to = %s AND generation = %s
+       AND status = %s AND event_count = %s
+    RETURNING id, tenant_id
+), {APPEND_FROM_FENCE_SQL}
+SELECT count(*) FROM fence
+"""
+# Outside a transaction, with client-side binding (Django's default for psycopg 3), the
+# tenant and the statement go in one simple-protocol message: PostgreSQL runs the statements
+# of one message as one implicit transaction (set_config(..., true) is local to it; an error
+# rolls all of it back), so a step costs one round trip and one commit.
+SET_TENANT_SQL = f"SELECT set_config('{TENANT_SETTING}', %s, true);"
+
+
+# PostgreSQL: the load in one simple-protocol message (one round trip instead of five: BEGIN,
+# the tenant, the instance, the history, COMMIT). The statements of one message run as one
+# implicit transaction, so the tenant set by the first (transaction-local) scopes the other
+# two under RLS, exactly as tenant_context() does; each statement takes its own snapshot, as
+# the ORM's statements do inside a READ COMMITTED transaction.
+_INSTANCE_FIELDS = tuple(WorkflowInstance._meta.concrete_fields)
+
+
+def _load_sql() -> str:
+    instance = WorkflowInstance._meta.db_table
+    definition = WorkflowDefinition._meta.db_table
+    event = WorkflowEvent._meta.db_table
+    columns = ", ".join(f'i."{f.column}"' for f in _INSTANCE_FIELDS)
+    fence = "id = %s AND tenant_id = %s AND generation = %s AND assigned_to = %s AND status = %s"
+    return (
+        f"{SET_TENANT_SQL}\n"
+        f"SELECT {columns}, d.sha256, d.max_history_length, d.min_version FROM {instance} AS i "
+        f"JOIN {definition} AS d ON d.id = i.definition_id "
+        f"WHERE i.{fence.replace(' AND ', ' AND i.')};\n"
+        f"SELECT step, type_code, timestamp_ms, payload, checksum FROM {event} "
+        f"WHERE instance_id = %s AND EXISTS (SELECT 1 FROM {instance} WHERE {fence}) "
+        "ORDER BY step"
+    )
+
+
+_LOAD_SQL = _load_sql()
+
+
+# PostgreSQL: the finalize of a run that completed, in one simple-protocol message (one
+# round trip and one commit instead of seven round trips), in the common case only -- no
+# consumed signal, no answered update, no open child. The statements run as one implicit
+# transaction under the tenant set by the first. The second is the fence and the new row in
+# one statement: it matches only the claimed row (owner, generation, running) whose history
+# ends where the remaining events begin and that has no open child, takes its row lock, and
+# inserts the remaining events only if it matched. The third fails the run's pending updates
+# (as _fail_pending_updates), in a statement of its own so that its snapshot is taken after
+# the row lock: an update queued by send_update (which locks the row) either committed before
+# and is seen, or waits for this commit and then finds the run done. It changes nothing
+# unless the second matched (the run is then `done` at this generation); so does the fourth,
+# which releases the locks the workflow holds. When the second matches nothing, nothing was
+# written and the general path in store.lifecycle tells the cases apart. What the statements
+# write is the transition engine.lifecycle.completion() returns, which the parameters come from.
+def _finalize_done_sql() -> str:
+    instance = WorkflowInstance._meta.db_table
+    updates = UpdateRequest._meta.db_table
+    locks = ConcurrencyKey._meta.db_table
+    terminal = ", ".join(f"'{s}'" for s in sorted(TERMINAL_STATUSES))
+    return f"""{SET_TENANT_SQL}
+WITH fence AS (
+    UPDATE {instance} AS i
+       SET status = %s, completed_at = %s, result = %s, error = NULL, error_code = NULL,
+           waiting_on = NULL, next_wake_at = NULL, query_state = %s::jsonb,
+           assigned_to = NULL, heartbeat_at = %s, updated_at = %s,
+           event_count = i.event_count + %s
+     WHERE i.id = %s AND i.tenant_id = %s AND i.assigned_to = %s AND i.generation = %s
+       AND i.status = %s AND i.event_count = COALESCE(%s, i.event_count)
+       AND NOT EXISTS (SELECT 1 FROM {instance} AS c
+                        WHERE c.parent_id = i.id AND c.status NOT IN ({terminal}))
+    RETURNING i.id, i.tenant_id, i.parent_id
+), {APPEND_FROM_FENCE_SQL}
+SELECT parent_id FROM fence;
+UPDATE {updates} SET status = %s, result = %s, completed_at = %s
+ WHERE instance_id = %s AND status = %s
+   AND EXISTS (SELECT 1 FROM {instance}
+                WHERE id = %s AND status = %s AND generation = %s AND assigned_to IS NULL);
+DELETE FROM {locks} WHERE tenant_id = %s AND holder = %s
+   AND EXISTS (SELECT 1 FROM {instance}
+                WHERE id = %s AND status = %s AND generation = %s AND assigned_to IS NULL)"""
+
+
+_FINALIZE_DONE_SQL = _finalize_done_sql()
+
+
+# --- the dispatch loop (through the definer functions below) ---------------------------------
+
+CLAIM_READY = "SELECT id, tenant_id, generation FROM cleat.claim_instances(%s, %s, %s, %s, %s, %s)"
+HEARTBEAT_WORKER = "SELECT cleat.heartbeat_worker(%s, %s)"
+REAP_EXPIRED_LEASES = "SELECT cleat.reap_expired_leases(%s, %s)"
+NEXT_DUE_AT = "SELECT cleat.next_due_at(%s, %s)"
+CLAIM_INVOCATIONS = "SELECT id, tenant_id FROM cleat.claim_invocations(%s, %s, %s)"
+
+# --- wake-ups ----------------------------------------------------------------------------------
+
+NOTIFY_WAKE = "SELECT pg_notify(%s, '')"
+LISTEN_WAKE = f"LISTEN {NOTIFY_CHANNEL}"
+
+# --- the RLS check (rls.bypass_reasons) --------------------------------------------------------
+
+CONNECTION_ROLE = (
+    "SELECT current_user, rolsuper, rolbypassrls FROM pg_roles WHERE rolname = current_user"
+)
+TABLE_SECURITY = """
+            SELECT c.relname, c.relrowsecurity, c.relforcerowsecurity,
+                   pg_get_userbyid(c.relowner),
+                   (SELECT count(*) FROM pg_policies p
+                     WHERE p.tablename = c.relname AND p.schemaname = n.nspname)
+              FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace
+             WHERE n.nspname = current_schema() AND c.relname = ANY(%s)
+            """
+
+QUERIES = {
+    "set_tenant": SET_TENANT,
+    "set_tenant_in_message": SET_TENANT_SQL,
+    "fenced_append": _FENCED_APPEND_SQL,
+    "load_run": _LOAD_SQL,
+    "finalize_done": _FINALIZE_DONE_SQL,
+    "claim_ready": CLAIM_READY,
+    "heartbeat_worker": HEARTBEAT_WORKER,
+    "reap_expired_leases": REAP_EXPIRED_LEASES,
+    "next_due_at": NEXT_DUE_AT,
+    "claim_invocations": CLAIM_INVOCATIONS,
+    "notify_wake": NOTIFY_WAKE,
+    "listen_wake": LISTEN_WAKE,
+    "connection_role": CONNECTION_ROLE,
+    "table_security": TABLE_SECURITY,
+}
+
+
+# --- what the migrations install (live definitions; frozen copies in the migrations) ----------
+
+CURRENT_TENANT_FUNCTION = """
+CREATE SCHEMA IF NOT EXISTS cleat;
+CREATE OR REPLACE FUNCTION cleat.current_tenant() RETURNS uuid
+LANGUAGE plpgsql STABLE AS $$
+DECLARE
+    v text := current_setting('cleat.tenant_id', true);
+BEGIN
+    IF v IS NULL OR v = '' THEN
+        RAISE EXCEPTION 'cleat.tenant_id is not set -- tenant context required for RLS-scoped query'
+            USING ERRCODE = 'insufficient_privilege',
+                  HINT = 'wrap the query in workflows.tenancy.tenant_context()';
+    END IF;
+    RETURN v::uuid;
+END $$;
+"""
+
+
+def enable_rls_sql(table: str) -> str:
+    # (SELECT ...) makes the planner evaluate the function once per statement, not per row.
+    return f"""
+ALTER TABLE {table} ENABLE ROW LEVEL SECURITY;
+ALTER TABLE {table} FORCE ROW LEVEL SECURITY;
+DROP POLICY IF EXISTS tenant_isolation ON {table};
+CREATE POLICY tenant_isolation ON {table}
+    USING (tenant_id = (SELECT cleat.current_tenant()))
+    WITH CHECK (tenant_id = (SELECT cleat.current_tenant()));
+"""
+
+
+def disable_rls_sql(table: str) -> str:
+    return f"""
+DROP POLICY IF EXISTS tenant_isolation ON {table};
+ALTER TABLE {table} NO FORCE ROW LEVEL SECURITY;
+ALTER TABLE {table} DISABLE ROW LEVEL SECURITY;
+"""
+
+
+def roles_sql(role: str, password: str | None) -> str:
+    password_sql = f"ALTER ROLE {role} PASSWORD %(password)s;" if password else ""
+    return f"""
+DO $$ BEGIN
+    IF NOT EXISTS (SELECT 1 FROM pg_roles WHERE rolname = '{role}') THEN
+        CREATE ROLE {role} LOGIN NOSUPERUSER NOBYPASSRLS NOCREATEDB NOCREATEROLE;
+    END IF;
+    IF NOT EXISTS (SELECT 1 FROM pg_roles WHERE rolname = '{DISPATCHER_ROLE}') THEN
+        CREATE ROLE {DISPATCHER_ROLE} NOLOGIN BYPASSRLS;
+    END IF;
+END $$;
+{password_sql}
+GRANT USAGE ON SCHEMA public TO {role}, {DISPATCHER_ROLE};
+GRANT USAGE ON SCHEMA cleat TO {role}, {DISPATCHER_ROLE};
+GRANT SELECT, INSERT, UPDATE, DELETE ON ALL TABLES IN SCHEMA public TO {role};
+GRANT USAGE, SELECT ON ALL SEQUENCES IN SCHEMA public TO {role};
+ALTER DEFAULT PRIVILEGES IN SCHEMA public GRANT SELECT, INSERT, UPDATE, DELETE ON TABLES TO {role};
+ALTER DEFAULT PRIVILEGES IN SCHEMA public GRANT USAGE, SELECT ON SEQUENCES TO {role};
+GRANT SELECT, UPDATE ON workflows_workflowinstance TO {DISPATCHER_ROLE};
+GRANT SELECT, UPDATE ON workflows_tenant TO {DISPATCHER_ROLE};
+"""
+
+
+def definer_functions_sql(role: str) -> str:
+    """The cross-tenant statements of the dispatch loop, as definer functions."""
+    return f"""
+CREATE OR REPLACE FUNCTION cleat.claim_instances(
+    p_worker text, p_queues text[], p_limit integer, p_now timestamptz, p_tenant uuid,
+    p_default_cap integer)
+RETURNS TABLE(id uuid, tenant_id uuid, generation bigint)
+LANGUAGE sql SECURITY DEFINER SET search_path = public, pg_temp AS $$
+    WITH room AS (
+        SELECT t.id AS tenant_id, t.last_claimed_at,
+               CASE WHEN COALESCE(t.max_running, p_default_cap) > 0
+                    THEN LEAST(p_limit, COALESCE(t.max_running, p_default_cap) - (
+                         SELECT count(*) FROM workflows_workflowinstance AS r
+                          WHERE r.tenant_id = t.id AND r.status = 'running'))
+                    ELSE p_limit END AS room
+          FROM workflows_tenant AS t
+         WHERE t.is_active AND (p_tenant IS NULL OR t.id = p_tenant)
+           -- only tenants with something due pay for counting their running runs
+           AND EXISTS (SELECT 1 FROM workflows_workflowinstance AS w
+                        WHERE w.tenant_id = t.id AND w.status = 'ready'
+                          AND w.next_wake_at <= p_now AND w.task_queue = ANY(p_queues))
+    ),
+    candidates AS (
+        SELECT c.id, c.tenant_id, r.last_claimed_at, c.priority, c.next_wake_at, c.created_at
+          FROM room AS r
+          CROSS JOIN LATERAL (
+                SELECT d.id, d.tenant_id, d.priority, d.next_wake_at, d.created_at
+                  FROM workflows_workflowinstance AS d
+                 WHERE d.tenant_id = r.tenant_id AND d.status = 'ready'
+                   AND d.next_wake_at <= p_now AND d.task_queue = ANY(p_queues)
+                 ORDER BY d.priority DESC, d.next_wake_at, d.created_at
+                 LIMIT GREATEST(r.room, 0)
+                   FOR UPDATE SKIP LOCKED) AS c
+         WHERE r.room > 0
+    ),
+    chosen AS (
+        SELECT k.id FROM (
+               SELECT candidates.*, row_number() OVER (
+                      PARTITION BY candidates.tenant_id
+                      ORDER BY candidates.priority DESC, candidates.next_wake_at,
+                               candidates.created_at) AS turn
+                 FROM candidates) AS k
+         ORDER BY k.turn, k.last_claimed_at NULLS FIRST, k.priority DESC, k.next_wake_at
+         LIMIT p_limit
+    ),
+    claimed AS (
+        UPDATE workflows_workflowinstance AS i
+           SET status = 'running', assigned_to = p_worker, heartbeat_at = p_now,
+               generation = i.generation + 1, started_at = COALESCE(i.started_at, p_now),
+               updated_at = p_now
+         WHERE i.id IN (SELECT chosen.id FROM chosen)
+        RETURNING i.id, i.tenant_id, i.generation
+    ),
+    served AS (
+        -- SKIP LOCKED: a claim never waits for (nor deadlocks with) another claim's turn
+        -- record; a tenant whose row is busy keeps its older turn this once.
+        UPDATE workflows_tenant AS t SET last_claimed_at = p_now
+         WHERE t.id IN (SELECT s.id FROM workflows_tenant AS s
+                         WHERE s.id IN (SELECT claimed.tenant_id FROM claimed)
+                           FOR NO KEY UPDATE SKIP LOCKED)
+        RETURNING 1
+    )
+    SELECT claimed.id, claimed.tenant_id, claimed.generation FROM claimed
+$$;
+
+CREATE OR REPLACE FUNCTION cleat.reap_expired_leases(p_cutoff timestamptz, p_now timestamptz)
+RETURNS integer
+LANGUAGE sql SECURITY DEFINER SET search_path = public, pg_temp AS $$
+    WITH reaped AS (
+        UPDATE workflows_workflowinstance
+           SET status = 'ready', assigned_to = NULL, generation = generation + 1,
+               next_wake_at = p_now, updated_at = p_now
+         WHERE status = 'running' AND heartbeat_at < p_cutoff
+        RETURNING 1)
+    SELECT count(*)::integer FROM reaped
+$$;
+
+CREATE OR REPLACE FUNCTION cleat.heartbeat_worker(p_worker text, p_now timestamptz)
+RETURNS integer
+LANGUAGE sql SECURITY DEFINER SET search_path = public, pg_temp AS $$
+    WITH beat AS (
+        UPDATE workflows_workflowinstance SET heartbeat_at = p_now
+         WHERE assigned_to = p_worker AND status = 'running'
+        RETURNING 1)
+    SELECT count(*)::integer FROM beat
+$$;
+
+CREATE OR REPLACE FUNCTION cleat.next_due_at(p_queues text[], p_tenant uuid DEFAULT NULL)
+RETURNS timestamptz
+LANGUAGE sql STABLE SECURITY DEFINER SET search_path = public, pg_temp AS $$
+    SELECT min(next_wake_at) FROM workflows_workflowinstance
+     WHERE status = 'ready' AND task_queue = ANY(p_queues)
+       AND (p_tenant IS NULL OR tenant_id = p_tenant)
+$$;
+
+{_function_privileges(role)}
+"""
+
+
+DEFINER_FUNCTIONS = (
+    "cleat.claim_instances(text, text[], integer, timestamptz, uuid, integer)",
+    "cleat.reap_expired_leases(timestamptz, timestamptz)",
+    "cleat.heartbeat_worker(text, timestamptz)",
+    "cleat.next_due_at(text[], uuid)",
+)
+
+
+def _function_privileges(role: str) -> str:
+    """Owned by the dispatcher role; callable by the application role only."""
+    lines = []
+    for function in DEFINER_FUNCTIONS:
+        lines += [
+            f"ALTER FUNCTION {function} OWNER TO {DISPATCHER_ROLE};",
+            f"REVOKE EXECUTE ON FUNCTION {function} FROM PUBLIC;",
+            f"GRANT EXECUTE ON FUNCTION {function} TO {role};",
+        ]
+    return "\n".join(lines)
+
+
+# A deactivated tenant's invocations wait with its runs (migration 0006_tenant_fairness installs
+# this text; 0003 installed it without the tenant join).
+CLAIM_INVOCATIONS_FUNCTION = """
+CREATE OR REPLACE FUNCTION cleat.claim_invocations(
+    p_now timestamptz, p_limit integer, p_until timestamptz)
+RETURNS TABLE(id varchar, tenant_id uuid)
+LANGUAGE sql SECURITY DEFINER SET search_path = public, pg_temp AS $$
+    UPDATE workflows_invocation AS v SET deliver_at = p_until
+     WHERE v.id IN (
+           SELECT c.id FROM workflows_invocation AS c
+             JOIN workflows_tenant AS t ON t.id = c.tenant_id AND t.is_active
+            WHERE c.status = 'pending' AND c.deliver_at <= p_now
+            ORDER BY c.deliver_at LIMIT p_limit FOR UPDATE OF c SKIP LOCKED)
+    RETURNING v.id, v.tenant_id
+$$;
+"""
