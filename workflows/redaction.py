@@ -12,6 +12,7 @@ from typing import Any
 from django.conf import settings
 
 from engine.redaction import REDACTED, Redactor
+from engine.storable import readable
 
 __all__ = ["REDACTED", "redacted_query_state", "redacted_text", "redacted_value", "redactor"]
 
@@ -30,12 +31,16 @@ def redacted_text(text: str | None) -> str:
     replaced; JSON text stays JSON."""
     if text is None:
         return ""
-    return redactor().json_text(str(text))
+    return str(readable(redactor().json_text(str(text))))
 
 
 def redacted_value(value: Any) -> Any:
-    """A parsed JSON value (a JSON column, a query state) with sensitive values replaced."""
-    return redactor().value(value)
+    """A parsed JSON value (a JSON column, a query state) with sensitive values replaced.
+
+    Every read surface shows stored data through here, so this is also where a lone
+    surrogate stored before the storable-text rule becomes U+FFFD (``engine.storable``):
+    a page can always be encoded."""
+    return readable(redactor().value(value))
 
 
 def redacted_query_state(query_state: Any) -> dict[str, Any]:

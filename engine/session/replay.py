@@ -48,6 +48,7 @@ from engine.errors import (
     EngineError,
     ErrorCode,
     FenceLost,
+    GuestFault,
     HistoryCorrupt,
     NondeterminismError,
     Refused,

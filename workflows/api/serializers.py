@@ -12,7 +12,6 @@ from __future__ import annotations
 import dataclasses
 import json
 from collections.abc import Mapping
-from functools import lru_cache
 from typing import Any
 
 from drf_spectacular.types import OpenApiTypes
@@ -21,7 +20,6 @@ from rest_framework import serializers
 
 from engine.errors import ErrorCode
 from engine.events import CodecError, EncodedEvent, decode
-from engine.redaction import Redactor
 from engine.storable import parse_readable, readable
 from workflows.models import (
     NAME_PATTERN,
