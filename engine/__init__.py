@@ -33,7 +33,7 @@ from engine.outcomes import (
 from engine.runtime import WasmRuntime
 from engine.services import CallContext, CallResult, Services
 from engine.session import RunInfo
-from engine.status import AbiStatus, Status
+from engine.status import AbiStatus, RunStatus
 from engine.storage import RunRef, WorkflowStorage
 
 __all__ = [
@@ -60,9 +60,9 @@ __all__ = [
     "Refused",
     "RunInfo",
     "RunRef",
+    "RunStatus",
     "SegmentResult",
     "Services",
-    "Status",
     "StorageError",
     "Suspended",
     "UnsupportedAbiVersion",

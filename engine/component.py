@@ -83,7 +83,7 @@ from engine.ffi import NO_FINALIZER, CallerContext
 from engine.outcomes import AppliedUpdate, Outcome, SegmentResult, failed
 from engine.services import Services
 from engine.session import ExecutionSession, Reply, RunInfo
-from engine.status import Status
+from engine.status import AbiStatus
 from engine.storage import WorkflowStorage
 from engine.traps import classify_component, classify_component_reply
 
@@ -194,7 +194,7 @@ class ComponentSession(ExecutionSession):
             self._applied_updates.append(
                 AppliedUpdate(
                     event.update_id,
-                    Status.NOT_FOUND,
+                    AbiStatus.NOT_FOUND,
                     f"no update handler named {event.name!r} is registered",
                 )
             )
@@ -280,10 +280,10 @@ class ComponentInstance:
         if isinstance(value, str):
             if len(value) > limit // 4 and len(value.encode()) > limit:
                 raise GuestFault(function, f"returned a result over the {limit}-byte maximum")
-            return Reply(Status.OK, value)
-        status = int(getattr(value, "status", Status.ERROR))
+            return Reply(AbiStatus.OK, value)
+        status = int(getattr(value, "status", AbiStatus.ERROR))
         message = str(getattr(value, "message", ""))
-        if status == Status.OK:
+        if status == AbiStatus.OK:
             raise GuestFault(function, "returned an error with status 0 (OK)")
         return Reply(status, message[: limit + 1])
 
@@ -341,7 +341,7 @@ def _string_value(text: str) -> Any:
 
 def _write_reply(out: Any, reply: Reply) -> None:
     """``out`` := ``result<string, call-error>`` for ``reply``."""
-    if reply.status == Status.OK:
+    if reply.status == AbiStatus.OK:
         inner = _string_value(reply.payload)
     else:
         fields = _ffi.wasmtime_component_valrecord_t()
@@ -357,7 +357,7 @@ def _write_reply(out: Any, reply: Reply) -> None:
         inner.kind = _KIND_RECORD
         inner.of.record = fields
     out.kind = _KIND_RESULT
-    out.of.result.is_ok = reply.status == Status.OK
+    out.of.result.is_ok = reply.status == AbiStatus.OK
     out.of.result.val = _ffi.wasmtime_component_val_new(ctypes.byref(inner))
 
 

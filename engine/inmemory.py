@@ -21,7 +21,7 @@ from engine.cron import cron_error, timezone_error
 from engine.errors import FenceLost, Refused, StorageError
 from engine.events import AdminActionEvent, EncodedEvent, Event, decode, encode
 from engine.session import SegmentResult, Suspended
-from engine.status import Status
+from engine.status import TERMINAL_STATUSES, AbiStatus, RunStatus
 from engine.storage import (
     AcquireLock,
     ChildOutcome,
@@ -46,7 +46,6 @@ from engine.storage import (
 )
 from engine.versions import NoSuchVersion, choose_version
 
-TERMINAL = lifecycle.ENDED
 DEFAULT_POLICY = lifecycle.RunPolicy()
 
 
@@ -59,7 +58,7 @@ class RunRecord:
     input: str
     created_ms: int
     tenant_id: str = "default"
-    status: str = "ready"
+    status: RunStatus = RunStatus.READY
     result: str | None = None
     error: str | None = None
     error_code: str | None = None
@@ -157,12 +156,12 @@ class InMemoryStorage:
             due = [
                 r
                 for r in self.runs.values()
-                if r.status == "ready" and r.due_ms is not None and r.due_ms <= now_ms
+                if r.status == RunStatus.READY and r.due_ms is not None and r.due_ms <= now_ms
             ]
             if not due:
                 return None
             run = min(due, key=lambda r: (-r.priority, r.due_ms or 0, r.created_ms))
-            run.status = "running"
+            run.status = RunStatus.RUNNING
             run.worker_id = worker_id
             run.generation += 1
             run.segments += 1
@@ -178,7 +177,7 @@ class InMemoryStorage:
         if (
             run.generation != ref.generation
             or run.worker_id != ref.worker_id
-            or run.status != "running"
+            or run.status != RunStatus.RUNNING
         ):
             raise FenceLost(
                 f"run {ref.run_id} is no longer owned by {ref.worker_id}@{ref.generation}"
@@ -187,7 +186,7 @@ class InMemoryStorage:
 
     def _wake(self, run_id: str | None) -> None:
         run = self.runs.get(run_id or "")
-        if run is not None and run.status == "ready":
+        if run is not None and run.status == RunStatus.READY:
             run.due_ms = min(run.due_ms, self.clock()) if run.due_ms is not None else self.clock()
 
     def finalize(self, ref: RunRef, result: SegmentResult) -> str | None:
@@ -203,7 +202,7 @@ class InMemoryStorage:
             for applied in result.applied_updates:
                 update = self.updates.get(applied.update_id)
                 if update is not None and update.status == "pending":
-                    update.status = "done" if applied.status == Status.OK else "failed"
+                    update.status = "done" if applied.status == AbiStatus.OK else "failed"
                     update.result = applied.payload
             run.worker_id = ""
             outcome = result.outcome
@@ -222,7 +221,7 @@ class InMemoryStorage:
         if transition.attempt is not None:
             run.attempt = transition.attempt
         run.waiting_on = transition.waiting_on
-        run.due_ms = transition.wake_at_ms if transition.status == lifecycle.READY else None
+        run.due_ms = transition.wake_at_ms if transition.status == RunStatus.READY else None
         run.result = transition.result
         run.error, run.error_code = transition.error, transition.error_code
         if transition.forget_failed_call:
@@ -273,14 +272,14 @@ class InMemoryStorage:
             return True
         for rid in wait.get("run_ids", ()):
             child = self.runs.get(rid)
-            if child is None or child.status in TERMINAL:
+            if child is None or child.status in TERMINAL_STATUSES:
                 return True
         promise = self.promises.get(wait.get("promise_id") or "")
         return bool(promise and promise["status"] != "pending")
 
     def _close_children(self, parent: RunRecord) -> None:
         for child in list(self.runs.values()):
-            if child.parent_run_id != parent.run_id or child.status in TERMINAL:
+            if child.parent_run_id != parent.run_id or child.status in TERMINAL_STATUSES:
                 continue
             close = lifecycle.child_close(child.parent_close_policy, parent.run_id)
             if close is None:
@@ -294,7 +293,7 @@ class InMemoryStorage:
         """Give a claimed run back untouched (the segment failed for a host reason)."""
         with self._lock:
             run = self._fenced(ref)
-            run.status, run.worker_id, run.due_ms = "ready", "", self.clock()
+            run.status, run.worker_id, run.due_ms = RunStatus.READY, "", self.clock()
 
     def _close(
         self,
@@ -310,7 +309,7 @@ class InMemoryStorage:
         run = self._run(run_id)
         refusal = lifecycle.close_refusal(action, run.status)
         if refusal is not None:
-            raise Refused(Status.PERMANENT, f"run {run_id} is {refusal}")
+            raise Refused(AbiStatus.PERMANENT, f"run {run_id} is {refusal}")
         if operator is not None:
             step = len(run.history)
             self._append(
@@ -328,7 +327,7 @@ class InMemoryStorage:
     def _run(self, run_id: str) -> RunRecord:
         run = self.runs.get(run_id)
         if run is None:
-            raise Refused(Status.NOT_FOUND, f"no run {run_id}")
+            raise Refused(AbiStatus.NOT_FOUND, f"no run {run_id}")
         return run
 
     def terminate(self, run_id: str, reason: str, *, operator: str | None = None) -> None:
@@ -336,7 +335,7 @@ class InMemoryStorage:
         (a child already ended is left alone)."""
         with self._lock:
             run = self._run(run_id)
-            if operator is None and run.status in TERMINAL:
+            if operator is None and run.status in TERMINAL_STATUSES:
                 return
             transition = lifecycle.terminate(run.workflow_id, reason)
             self._close(run_id, "terminate", transition, operator, reason)
@@ -364,7 +363,7 @@ class InMemoryStorage:
     def cancel(self, run_id: str, reason: str) -> None:
         with self._lock:
             run = self.runs[run_id]
-            if run.status not in TERMINAL:
+            if run.status not in TERMINAL_STATUSES:
                 run.cancel_reason = reason
                 self._wake(run_id)
 
@@ -374,7 +373,7 @@ class InMemoryStorage:
         with self._lock:
             run = self._target(target_id)
             if run is None:
-                raise Refused(Status.NOT_FOUND, f"no running workflow {target_id}")
+                raise Refused(AbiStatus.NOT_FOUND, f"no running workflow {target_id}")
             signal = StoredSignal(
                 f"sig-{next(self._ids)}", run.run_id, name, payload, correlation_id
             )
@@ -387,7 +386,7 @@ class InMemoryStorage:
         if run is None:
             candidates = [r for r in self.runs.values() if r.workflow_id == target_id]
             run = max(candidates, key=lambda r: r.created_ms, default=None)
-        if run is None or run.status in TERMINAL:
+        if run is None or run.status in TERMINAL_STATUSES:
             return None
         return run
 
@@ -404,10 +403,10 @@ class InMemoryStorage:
         with self._lock:
             promise = self.promises.get(promise_id)
             if promise is None:
-                raise Refused(Status.NOT_FOUND, f"no promise {promise_id}")
+                raise Refused(AbiStatus.NOT_FOUND, f"no promise {promise_id}")
             if promise["status"] != "pending":
                 raise Refused(
-                    Status.PERMANENT, f"promise {promise_id} is already {promise['status']}"
+                    AbiStatus.PERMANENT, f"promise {promise_id} is already {promise['status']}"
                 )
             promise.update(status="rejected" if rejected else "resolved", value=value, error=error)
             self._wake(promise["owner"])
@@ -463,7 +462,7 @@ class InMemoryStorage:
                     value = int(current) + m.delta
                 except ValueError:
                     raise Refused(
-                        Status.PERMANENT, f"the value of {m.key!r} is not an integer"
+                        AbiStatus.PERMANENT, f"the value of {m.key!r} is not an integer"
                     ) from None
                 self.state[(m.scope, m.key)] = str(value)
                 return value
@@ -510,14 +509,14 @@ class InMemoryStorage:
             case CreateSchedule():
                 problem = cron_error(m.cron) or timezone_error(m.timezone)
                 if problem:
-                    raise Refused(Status.PERMANENT, problem)
+                    raise Refused(AbiStatus.PERMANENT, problem)
                 if m.workflow_name not in self.definitions:
                     raise Refused(
-                        Status.NOT_FOUND, f"no workflow definition named {m.workflow_name!r}"
+                        AbiStatus.NOT_FOUND, f"no workflow definition named {m.workflow_name!r}"
                     )
                 if len(self.schedules) >= self.schedule_quota:
                     raise Refused(
-                        Status.DENIED,
+                        AbiStatus.DENIED,
                         f"the tenant's quota of {self.schedule_quota} schedules is reached",
                     )
                 self.schedules[m.schedule_id] = {
@@ -530,7 +529,7 @@ class InMemoryStorage:
                 return m.schedule_id
             case DeleteSchedule():
                 if self.schedules.pop(m.schedule_id, None) is None:
-                    raise Refused(Status.NOT_FOUND, f"no schedule {m.schedule_id}")
+                    raise Refused(AbiStatus.NOT_FOUND, f"no schedule {m.schedule_id}")
                 return None
             case EnqueueInvocation():
                 self.invocations.append(m)
@@ -546,7 +545,7 @@ class InMemoryStorage:
                 preferred=parent_version,
             )
         except NoSuchVersion as exc:
-            raise Refused(Status.NOT_FOUND, exc.message) from None
+            raise Refused(AbiStatus.NOT_FOUND, exc.message) from None
 
     def next_signal(
         self, run: RunRef, names: Sequence[str], exclude: Collection[str]
@@ -570,14 +569,14 @@ class InMemoryStorage:
         with self._lock:
             child = self.runs.get(child_run_id)
             if child is None:
-                return ChildOutcome(Status.NOT_FOUND, error=f"no run {child_run_id}")
+                return ChildOutcome(AbiStatus.NOT_FOUND, error=f"no run {child_run_id}")
             while child.continued_as:  # follow the chain to the run that finished
                 child = self.runs[child.continued_as]
-            if child.status == "done":
-                return ChildOutcome(Status.OK, result=child.result or "")
-            if child.status == "terminated":
-                return ChildOutcome(Status.CANCELLED, error=child.error or "terminated")
-            if child.status in TERMINAL:
+            if child.status == RunStatus.DONE:
+                return ChildOutcome(AbiStatus.OK, result=child.result or "")
+            if child.status == RunStatus.TERMINATED:
+                return ChildOutcome(AbiStatus.CANCELLED, error=child.error or "terminated")
+            if child.status in TERMINAL_STATUSES:
                 status = child_status(child.error_code)
                 return ChildOutcome(status, error=child.error or "")
             return None

@@ -38,17 +38,7 @@ from typing import Any
 from engine.errors import ErrorCode
 from engine.events import Event, EventType
 from engine.outcomes import Completed, ContinuedAsNew, Failed, Outcome, Suspended
-from engine.status import Status
-
-READY = "ready"
-RUNNING = "running"
-PAUSED = "paused"
-DONE = "done"
-FAILED = "failed"
-DEAD_LETTERED = "dead_lettered"
-TERMINATED = "terminated"
-
-ENDED = frozenset({DONE, FAILED, DEAD_LETTERED, TERMINATED})
+from engine.status import TERMINAL_STATUSES, AbiStatus, RunStatus
 
 # The result a continued run keeps (its real answer is its successor's), as the database
 # store has always written it.
@@ -115,7 +105,7 @@ class Successor:
 
 @dataclass(frozen=True)
 class Transition:
-    status: str
+    status: RunStatus
     # When ``ready``: due at this time; None: waits until something wakes it.
     wake_at_ms: int | None = None
     # The segment attempt the run is at next; None: unchanged (it ended, and keeps the
@@ -134,7 +124,7 @@ class Transition:
     @property
     def ended(self) -> bool:
         """The run ended: close its children, fail its pending updates, wake its parent."""
-        return self.status in ENDED
+        return self.status in TERMINAL_STATUSES
 
     @property
     def updates_failure(self) -> str:
@@ -147,7 +137,7 @@ def completion(outcome: Outcome, workflow_id: str) -> Transition | None:
     nothing else, so a store may apply it without reading the run first."""
     if not isinstance(outcome, Completed):
         return None
-    return Transition(DONE, result=outcome.result, release_locks_of=workflow_id)
+    return Transition(RunStatus.DONE, result=outcome.result, release_locks_of=workflow_id)
 
 
 def after_segment(outcome: Outcome, run: RunState, policy: RunPolicy, now_ms: int) -> Transition:
@@ -164,10 +154,10 @@ def after_segment(outcome: Outcome, run: RunState, policy: RunPolicy, now_ms: in
             wake = recheck if wake is None else min(wake, recheck)
         if run.wakeup_arrived:
             wake = now_ms
-        return Transition(READY, wake_at_ms=wake, attempt=1, waiting_on=wait.as_dict())
+        return Transition(RunStatus.READY, wake_at_ms=wake, attempt=1, waiting_on=wait.as_dict())
     if isinstance(outcome, ContinuedAsNew):
         return Transition(
-            DONE,
+            RunStatus.DONE,
             result=CONTINUED_RESULT,
             successor=Successor(outcome.input, outcome.version or run.version),
         )
@@ -179,14 +169,14 @@ def after_segment(outcome: Outcome, run: RunState, policy: RunPolicy, now_ms: in
 def _after_failure(outcome: Failed, run: RunState, retry: RetryPolicy, now_ms: int) -> Transition:
     message, code = outcome.message, outcome.code.value
     if outcome.code is ErrorCode.NONDETERMINISM:
-        final = DEAD_LETTERED
+        final = RunStatus.DEAD_LETTERED
     elif not outcome.retryable:
-        final = FAILED
+        final = RunStatus.FAILED
     elif run.attempt >= retry.max_attempts:
-        final = DEAD_LETTERED
+        final = RunStatus.DEAD_LETTERED
     else:
         return Transition(
-            READY,
+            RunStatus.READY,
             wake_at_ms=now_ms + int(retry.delay_s(run.attempt) * 1000),
             attempt=run.attempt + 1,
             waiting_on={
@@ -210,7 +200,7 @@ def _after_failure(outcome: Failed, run: RunState, retry: RetryPolicy, now_ms: i
 
 def terminate(workflow_id: str, reason: str) -> Transition:
     return Transition(
-        TERMINATED,
+        RunStatus.TERMINATED,
         error=reason,
         error_code=ErrorCode.TERMINATED.value,
         release_locks_of=workflow_id,
@@ -218,11 +208,13 @@ def terminate(workflow_id: str, reason: str) -> Transition:
 
 
 def force_complete(workflow_id: str, result: str) -> Transition:
-    return Transition(DONE, result=result, release_locks_of=workflow_id)
+    return Transition(RunStatus.DONE, result=result, release_locks_of=workflow_id)
 
 
 def force_fail(workflow_id: str, message: str, code: str) -> Transition:
-    return Transition(FAILED, error=message, error_code=code, release_locks_of=workflow_id)
+    return Transition(
+        RunStatus.FAILED, error=message, error_code=code, release_locks_of=workflow_id
+    )
 
 
 def close_refusal(action: str, status: str) -> str | None:
@@ -230,8 +222,8 @@ def close_refusal(action: str, status: str) -> str | None:
     in ``status``; None when it can. A done run can be neither reopened nor re-closed; a
     failed one can still be force-completed (an operator's answer for it)."""
     if action == "force_complete":
-        return "already done" if status == DONE else None
-    if status in ENDED:
+        return "already done" if status == RunStatus.DONE else None
+    if status in TERMINAL_STATUSES:
         return f"already {status}"
     return None
 
@@ -260,7 +252,12 @@ RETRIED_CALLS = frozenset(
     {EventType.CALL, EventType.HEARTBEAT, EventType.FETCH, EventType.PLUGIN_CALL}
 )
 RETRIED_CALL_CODES = frozenset(t.code for t in RETRIED_CALLS)
-_RETRIED_STATUSES = (Status.ERROR, Status.TIMEOUT, Status.AMBIGUOUS, Status.RETRIES_EXHAUSTED)
+_RETRIED_STATUSES = (
+    AbiStatus.ERROR,
+    AbiStatus.TIMEOUT,
+    AbiStatus.AMBIGUOUS,
+    AbiStatus.RETRIES_EXHAUSTED,
+)
 
 
 def is_forgettable_failed_call(event: Event) -> bool:
@@ -271,7 +268,7 @@ def is_forgettable_failed_call(event: Event) -> bool:
         return False
     if getattr(event, "streaming", False):
         return False
-    return getattr(event, "status", Status.OK) in _RETRIED_STATUSES
+    return getattr(event, "status", AbiStatus.OK) in _RETRIED_STATUSES
 
 
 def outcome_kind(outcome: Outcome) -> tuple[str, str]:

@@ -29,7 +29,7 @@ from typing import Any, NamedTuple, Protocol
 
 from engine.errors import PermanentError
 from engine.events import json_loads
-from engine.status import Status
+from engine.status import AbiStatus
 
 
 @dataclass(frozen=True, slots=True)
@@ -47,7 +47,7 @@ class CallContext:
 
 
 class CallResult(NamedTuple):
-    status: Status
+    status: AbiStatus
     payload: str  # the response on OK, the error message otherwise
 
 
@@ -119,19 +119,19 @@ class PythonService:
         try:
             parsed = json_loads(request) if request else None
         except json.JSONDecodeError as exc:
-            return CallResult(Status.PERMANENT, f"request is not valid JSON: {exc}")
+            return CallResult(AbiStatus.PERMANENT, f"request is not valid JSON: {exc}")
         fn = self._function(operation)
         if fn is None:
             return CallResult(
-                Status.PERMANENT, f"service {service!r} has no operation {operation!r}"
+                AbiStatus.PERMANENT, f"service {service!r} has no operation {operation!r}"
             )
         try:
             result = fn(parsed, idempotency_key=context.idempotency_key, context=context)
-            return _new_tuple(CallResult, (Status.OK, _dumps(result)))
+            return _new_tuple(CallResult, (AbiStatus.OK, _dumps(result)))
         except PermanentError as exc:
-            return CallResult(Status.PERMANENT, str(exc) or type(exc).__name__)
+            return CallResult(AbiStatus.PERMANENT, str(exc) or type(exc).__name__)
         except Exception as exc:
-            return CallResult(Status.ERROR, f"{type(exc).__name__}: {exc}")
+            return CallResult(AbiStatus.ERROR, f"{type(exc).__name__}: {exc}")
 
     def _function(self, operation: str) -> Callable[..., Any] | None:
         target = self._target
@@ -161,14 +161,14 @@ class HttpService:
         )
         try:
             with urllib.request.urlopen(req, timeout=self.timeout_s) as resp:
-                return CallResult(Status.OK, resp.read().decode("utf-8", "replace"))
+                return CallResult(AbiStatus.OK, resp.read().decode("utf-8", "replace"))
         except urllib.error.HTTPError as exc:
             body = exc.read().decode("utf-8", "replace")[:2000]
             permanent = 400 <= exc.code < 500 and exc.code not in (408, 429)
-            status = Status.PERMANENT if permanent else Status.ERROR
+            status = AbiStatus.PERMANENT if permanent else AbiStatus.ERROR
             return CallResult(status, f"HTTP {exc.code} from {url}: {body}")
         except (urllib.error.URLError, OSError, TimeoutError) as exc:
-            return CallResult(Status.ERROR, f"{url}: {exc}")
+            return CallResult(AbiStatus.ERROR, f"{url}: {exc}")
 
 
 class ServiceRegistry:
@@ -210,7 +210,7 @@ class ServiceRegistry:
     def call(self, service: str, operation: str, request: str, context: CallContext) -> CallResult:
         target = self._resolve(service)
         if isinstance(target, str):
-            return CallResult(Status.PERMANENT, target)
+            return CallResult(AbiStatus.PERMANENT, target)
         return target.call(service, operation, request, context)
 
 
@@ -469,17 +469,17 @@ class Fetcher:
     def fetch(self, method: str, url: str, headers: str, body: str) -> CallResult:
         refused, pin = self.vet(url)
         if refused:
-            return CallResult(Status.DENIED, refused)
+            return CallResult(AbiStatus.DENIED, refused)
         try:
             header_map = json.loads(headers) if headers else {}
         except json.JSONDecodeError as exc:
-            return CallResult(Status.PERMANENT, f"headers are not a JSON object: {exc}")
+            return CallResult(AbiStatus.PERMANENT, f"headers are not a JSON object: {exc}")
         if not isinstance(header_map, dict):
-            return CallResult(Status.PERMANENT, "headers must be a JSON object")
+            return CallResult(AbiStatus.PERMANENT, "headers must be a JSON object")
         method = method.upper() or "GET"
         fault = _request_fault(method, header_map)
         if fault is not None:
-            return CallResult(Status.PERMANENT, fault)
+            return CallResult(AbiStatus.PERMANENT, fault)
         req = urllib.request.Request(
             url,
             data=body.encode() if body else None,
@@ -491,19 +491,19 @@ class Fetcher:
             with self._opener.open(req, timeout=self.timeout_s) as resp:
                 status, resp_headers, data = resp.status, dict(resp.headers), resp.read()
         except _RefusedRedirect as exc:
-            return CallResult(Status.DENIED, f"{url} redirects to {exc.url}: {exc.reason}")
+            return CallResult(AbiStatus.DENIED, f"{url} redirects to {exc.url}: {exc.reason}")
         except urllib.error.HTTPError as exc:
             status, resp_headers, data = exc.code, dict(exc.headers), exc.read()
         except (urllib.error.URLError, OSError, TimeoutError, http.client.HTTPException) as exc:
             # HTTPException: the server broke the protocol (a truncated body, a bad status
             # line) -- worth another try, like a dropped connection.
-            return CallResult(Status.ERROR, f"{url}: {type(exc).__name__}: {exc}")
+            return CallResult(AbiStatus.ERROR, f"{url}: {type(exc).__name__}: {exc}")
         except ValueError as exc:
             # http.client refusing what it would send: the same request fails the same way.
-            return CallResult(Status.PERMANENT, f"{url}: the request cannot be sent: {exc}")
+            return CallResult(AbiStatus.PERMANENT, f"{url}: the request cannot be sent: {exc}")
         text = data.decode("utf-8", "replace")
         return CallResult(
-            Status.OK,
+            AbiStatus.OK,
             json.dumps({"status": status, "headers": resp_headers, "body": text}),
         )
 
@@ -532,23 +532,23 @@ class PluginRegistry:
     def call(self, plugin: str, function: str, input: str) -> CallResult:
         fn = self._function(plugin, function)
         if isinstance(fn, str):
-            return CallResult(Status.PERMANENT, fn)
+            return CallResult(AbiStatus.PERMANENT, fn)
         try:
-            return CallResult(Status.OK, _dumps(fn(json.loads(input) if input else None)))
+            return CallResult(AbiStatus.OK, _dumps(fn(json.loads(input) if input else None)))
         except PermanentError as exc:
-            return CallResult(Status.PERMANENT, str(exc))
+            return CallResult(AbiStatus.PERMANENT, str(exc))
         except Exception as exc:
-            return CallResult(Status.ERROR, f"{type(exc).__name__}: {exc}")
+            return CallResult(AbiStatus.ERROR, f"{type(exc).__name__}: {exc}")
 
     def stream(self, plugin: str, function: str, input: str) -> Iterator[str] | CallResult:
         fn = self._function(plugin, function)
         if isinstance(fn, str):
-            return CallResult(Status.PERMANENT, fn)
+            return CallResult(AbiStatus.PERMANENT, fn)
         try:
             chunks = fn(json.loads(input) if input else None)
             return (_dumps(c) for c in chunks)
         except Exception as exc:
-            return CallResult(Status.ERROR, f"{type(exc).__name__}: {exc}")
+            return CallResult(AbiStatus.ERROR, f"{type(exc).__name__}: {exc}")
 
 
 @dataclass

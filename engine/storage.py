@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 from engine.events import Event
-from engine.status import Status
+from engine.status import AbiStatus
 
 
 @dataclass(frozen=True, slots=True)
@@ -55,19 +55,19 @@ class ChildOutcome:
 
 # How a failed child's error code is reported to the parent awaiting it (as a status).
 _CHILD_STATUS_BY_CODE = {
-    "permanent": Status.PERMANENT,
-    "cancelled": Status.CANCELLED,
-    "timeout": Status.TIMEOUT,
-    "retries_exhausted": Status.RETRIES_EXHAUSTED,
-    "ambiguous": Status.AMBIGUOUS,
-    "denied": Status.DENIED,
-    "not_found": Status.NOT_FOUND,
+    "permanent": AbiStatus.PERMANENT,
+    "cancelled": AbiStatus.CANCELLED,
+    "timeout": AbiStatus.TIMEOUT,
+    "retries_exhausted": AbiStatus.RETRIES_EXHAUSTED,
+    "ambiguous": AbiStatus.AMBIGUOUS,
+    "denied": AbiStatus.DENIED,
+    "not_found": AbiStatus.NOT_FOUND,
 }
 
 
-def child_status(error_code: str | None) -> Status:
+def child_status(error_code: str | None) -> AbiStatus:
     """The status ``await_child`` reports for a child that failed with ``error_code``."""
-    return _CHILD_STATUS_BY_CODE.get(error_code or "", Status.ERROR)
+    return _CHILD_STATUS_BY_CODE.get(error_code or "", AbiStatus.ERROR)
 
 
 @dataclass(frozen=True, slots=True)

@@ -40,6 +40,7 @@ from engine.lifecycle import RetryPolicy, RunPolicy
 from engine.runtime import LoadedModule, WasmRuntime
 from engine.services import CallContext, CallResult, Services
 from engine.session import Completed, ContinuedAsNew, Failed, Outcome, RunInfo, SegmentResult
+from engine.status import RunStatus
 from engine.storage import RunRef
 
 DEFAULT_START_MS = 1_767_225_600_000  # 2026-01-01T00:00:00Z
@@ -257,7 +258,7 @@ class WorkflowEnvironment:
     def describe(self, run_id: str) -> dict[str, Any]:
         return self.storage.describe(run_id)
 
-    def status(self, run_id: str) -> str:
+    def status(self, run_id: str) -> RunStatus:
         return self.storage.runs[run_id].status
 
     def result(self, run_id: str) -> Any:
@@ -265,7 +266,7 @@ class WorkflowEnvironment:
         run = self.storage.runs[run_id]
         while run.continued_as:
             run = self.storage.runs[run.continued_as]
-        if run.status != "done":
+        if run.status != RunStatus.DONE:
             detail = f"{run.error_code or ''} {run.error or ''}".strip()
             raise AssertionError(f"run {run.run_id} is {run.status}: {detail}")
         return json.loads(run.result) if run.result else None
@@ -318,16 +319,18 @@ class WorkflowEnvironment:
 def _outcome_of(run: Any) -> tuple[str, str | None]:
     if run.continued_as:
         return ("continued", None)
-    if run.status == "dead_lettered":  # a failure the retry policy gave up on
-        return ("failed", run.error_code)
-    return (run.status, run.result if run.status == "done" else run.error_code)
+    if run.status == RunStatus.DEAD_LETTERED:  # a failure the retry policy gave up on
+        return (RunStatus.FAILED.value, run.error_code)
+    # The plain value, so a mismatch message reads "('done', ...)".
+    status = RunStatus(run.status).value
+    return (status, run.result if status == RunStatus.DONE else run.error_code)
 
 
 def _same_outcome(outcome: Outcome, expected: tuple[str, str | None]) -> bool:
     if isinstance(outcome, Completed):
-        return expected == ("done", outcome.result)
+        return expected == (RunStatus.DONE, outcome.result)
     if isinstance(outcome, Failed):
-        return expected == ("failed", outcome.code.value)
+        return expected == (RunStatus.FAILED, outcome.code.value)
     if isinstance(outcome, ContinuedAsNew):
         return expected[0] == "continued"
     return False

@@ -27,7 +27,7 @@ from engine.errors import (
 )
 from engine.outcomes import ContinueAsNew, ContinuedAsNew, Outcome, Suspend, Suspended, failed
 from engine.session import ReplayCore, Reply
-from engine.status import Status
+from engine.status import AbiStatus
 
 log = logging.getLogger("cleat.engine")
 
@@ -155,7 +155,7 @@ def classify_component_error(error: wasmtime.WasmtimeError, config: EngineConfig
 def classify_component_reply(reply: Reply, config: EngineConfig) -> Outcome | None:
     """The outcome of a component's entry point that reported running out of memory (the
     SDK's answer to a MemoryError); None for any other reply, which the session finishes."""
-    if reply.status == Status.ERROR and reply.payload.startswith(GUEST_MEMORY_ERROR):
+    if reply.status == AbiStatus.ERROR and reply.payload.startswith(GUEST_MEMORY_ERROR):
         return failed(
             ErrorCode.RESOURCE_LIMIT,
             f"the guest ran out of memory (limit {config.memory_limit_bytes} "

@@ -4,7 +4,8 @@ the audit log of operators' actions.
 
 Every tenant-scoped table has ``tenant_id``; on PostgreSQL the migrations enable and force
 row-level security on each (``workflows/rls.py``). Status values, event types and error codes
-are each defined once: statuses here, event types and error codes in ``engine``.
+are each defined once, in ``engine``; the run statuses' choices here are built from
+``engine.status.RunStatus``.
 """
 
 from __future__ import annotations
@@ -22,6 +23,8 @@ from django.utils import timezone
 from engine.errors import ErrorCode
 from engine.events import EncodedEvent, EventType
 from engine.lifecycle import RetryPolicy
+from engine.status import TERMINAL_STATUSES as ENGINE_TERMINAL_STATUSES
+from engine.status import RunStatus as EngineRunStatus
 from workflows.tenancy import of_tenant
 
 DEFAULT_TENANT_ID = uuid.UUID("00000000-0000-0000-0000-000000000000")
@@ -34,19 +37,15 @@ name_validator = RegexValidator(
 )
 
 
-class RunStatus(models.TextChoices):
-    READY = "ready", "ready"
-    RUNNING = "running", "running"
-    DONE = "done", "done"
-    FAILED = "failed", "failed"
-    DEAD_LETTERED = "dead_lettered", "dead-lettered"
-    TERMINATED = "terminated", "terminated"
-    PAUSED = "paused", "paused"
-
-
-TERMINAL_STATUSES = frozenset(
-    {RunStatus.DONE, RunStatus.FAILED, RunStatus.DEAD_LETTERED, RunStatus.TERMINATED}
+# The engine defines the run statuses; this is their Django face (``.choices``, ``.label``)
+# with the same names, values and labels, so the model field's choices do not move.
+RunStatus = models.TextChoices(
+    "RunStatus",
+    [(s.name, (s.value, s.label)) for s in EngineRunStatus],
+    module=__name__,
 )
+
+TERMINAL_STATUSES = frozenset(RunStatus(s.value) for s in ENGINE_TERMINAL_STATUSES)
 ACTIVE_STATUSES = frozenset({RunStatus.READY, RunStatus.RUNNING, RunStatus.PAUSED})
 
 ERROR_CODE_CHOICES = [(c.value, c.value) for c in ErrorCode]

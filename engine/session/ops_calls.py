@@ -33,7 +33,7 @@ from engine.session.replay import (
     json_value,
     parse_string_list,
 )
-from engine.status import Status
+from engine.status import AbiStatus
 from engine.storage import EnqueueInvocation
 
 log = logging.getLogger("cleat.engine")
@@ -93,7 +93,7 @@ class CallOps(ReplayCore):
         result: CallResult,
         attempt: int = 1,
     ) -> CallEvent:
-        ok = result.status == Status.OK
+        ok = result.status == AbiStatus.OK
         return _new_call_event(
             step=step,
             ts=self._stamp(),
@@ -108,8 +108,8 @@ class CallOps(ReplayCore):
 
     @staticmethod
     def _call_reply(event: CallEvent | HeartbeatEvent) -> Reply:
-        if event.status == Status.OK:
-            return _new_tuple(Reply, (Status.OK, event.response))
+        if event.status == AbiStatus.OK:
+            return _new_tuple(Reply, (AbiStatus.OK, event.response))
         return Reply(event.status, event.error)
 
     def _resolve_intent(self, intent: CallEvent) -> Reply:
@@ -126,10 +126,10 @@ class CallOps(ReplayCore):
             except Exception:
                 log.exception("ambiguity resolver for %s failed", intent.service)
         if response is not None:
-            result = CallResult(Status.OK, response)
+            result = CallResult(AbiStatus.OK, response)
         else:
             result = CallResult(
-                Status.AMBIGUOUS,
+                AbiStatus.AMBIGUOUS,
                 f"{intent.service}.{intent.operation} at step {intent.step} was dispatched but "
                 "its outcome was never recorded (the worker stopped); check the service "
                 f"with idempotency key {key}",
@@ -154,7 +154,9 @@ class CallOps(ReplayCore):
     ) -> Reply:
         substrings = parse_string_list(non_retryable_errors) if non_retryable_errors else ()
         if substrings is None:
-            return Reply(Status.PERMANENT, "non_retryable_errors must be a JSON array of strings")
+            return Reply(
+                AbiStatus.PERMANENT, "non_retryable_errors must be a JSON array of strings"
+            )
         attempts = max(1, min(int(max_attempts), MAX_RETRY_ATTEMPTS))
         interval = max(0, int(initial_interval_ms))
         coefficient = max(100, int(backoff_coefficient_x100)) / 100
@@ -177,12 +179,12 @@ class CallOps(ReplayCore):
                 )
             elif first_step is None:
                 first_step = event.step
-            if event.status == Status.OK:
-                return Reply(Status.OK, event.response)
-            if event.status == Status.PERMANENT or any(s in event.error for s in substrings):
-                return Reply(Status.PERMANENT, event.error)
+            if event.status == AbiStatus.OK:
+                return Reply(AbiStatus.OK, event.response)
+            if event.status == AbiStatus.PERMANENT or any(s in event.error for s in substrings):
+                return Reply(AbiStatus.PERMANENT, event.error)
             if attempt >= attempts:
-                return Reply(Status.RETRIES_EXHAUSTED, event.error)
+                return Reply(AbiStatus.RETRIES_EXHAUSTED, event.error)
             delay = interval * coefficient ** (attempt - 1)
             if max_interval_ms > 0:
                 delay = min(delay, max_interval_ms)
@@ -225,7 +227,7 @@ class CallOps(ReplayCore):
             ticker.join()
         if lost:
             raise FenceLost(f"run {self.ref.run_id} lost its lease during a heartbeat call")
-        ok = result.status == Status.OK
+        ok = result.status == AbiStatus.OK
         event = self._record_now(
             HeartbeatEvent(
                 step=step,
@@ -254,7 +256,7 @@ class CallOps(ReplayCore):
         event = self._match(ScheduleInvokeEvent, (service, operation, request, int(delay_ms)))
         if event is None:
             event = self._enqueue(service, operation, request, max(0, int(delay_ms)))
-        return Reply(Status.OK, event.invocation_id)
+        return Reply(AbiStatus.OK, event.invocation_id)
 
     def _enqueue(self, service: str, operation: str, request: str, delay_ms: int) -> Any:
         step = self.step
@@ -302,7 +304,7 @@ class CallOps(ReplayCore):
         if event is None:
             step = self.step
             result = self._io(lambda: self.services.fetcher.fetch(method, url, headers, body))
-            ok = result.status == Status.OK
+            ok = result.status == AbiStatus.OK
             event = self._record_now(
                 FetchEvent(
                     step=step,
@@ -316,8 +318,8 @@ class CallOps(ReplayCore):
                     status=int(result.status),
                 )
             )
-        if event.status == Status.OK:
-            return Reply(Status.OK, event.response)
+        if event.status == AbiStatus.OK:
+            return Reply(AbiStatus.OK, event.response)
         return Reply(event.status, event.error)
 
     def plugin_call(self, plugin: str, function: str, input: str) -> Reply:
@@ -328,12 +330,12 @@ class CallOps(ReplayCore):
             event = self._record_now(
                 self._plugin_event(step, plugin, function, input, False, result)
             )
-        return Reply(event.status, event.output if event.status == Status.OK else event.error)
+        return Reply(event.status, event.output if event.status == AbiStatus.OK else event.error)
 
     def _plugin_event(
         self, step: int, plugin: str, function: str, input: str, streaming: bool, result: CallResult
     ) -> PluginCallEvent:
-        ok = result.status == Status.OK
+        ok = result.status == AbiStatus.OK
         return PluginCallEvent(
             step=step,
             ts=self._stamp(),
@@ -358,7 +360,7 @@ class CallOps(ReplayCore):
             event = self._match(PluginCallEvent, (plugin, function, input, True))
             if event is not None:
                 return Reply(
-                    event.status, event.output if event.status == Status.OK else event.error
+                    event.status, event.output if event.status == AbiStatus.OK else event.error
                 )
             break
         self._guard_history_limit()
@@ -382,16 +384,16 @@ class CallOps(ReplayCore):
                         )
                     )
                     chunks.append(json_value(chunk))
-                result = CallResult(Status.OK, json.dumps(chunks, separators=(",", ":")))
+                result = CallResult(AbiStatus.OK, json.dumps(chunks, separators=(",", ":")))
             except Exception as exc:
-                result = CallResult(Status.ERROR, f"{type(exc).__name__}: {exc}")
+                result = CallResult(AbiStatus.ERROR, f"{type(exc).__name__}: {exc}")
         spent = time.monotonic() - started
         self.io_seconds += spent
         self.backend.refresh_deadline(spent)
         event = self._record_now(
             self._plugin_event(self.step, plugin, function, input, True, result)
         )
-        return Reply(event.status, event.output if event.status == Status.OK else event.error)
+        return Reply(event.status, event.output if event.status == AbiStatus.OK else event.error)
 
     def _context(self, service: str, operation: str, step: int, attempt: int = 1) -> CallContext:
         ref = self.ref

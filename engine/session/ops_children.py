@@ -28,7 +28,7 @@ from engine.session.replay import (
     parse_string_list,
     require_storable,
 )
-from engine.status import Status, status_from_byte
+from engine.status import AbiStatus, status_from_byte
 from engine.storage import ChildOutcome, StartChild, StartDetached
 
 PARENT_CLOSE_POLICIES = ("terminate", "abandon", "request_cancel")
@@ -40,7 +40,7 @@ def _child_json(run_id: str, outcome: ChildOutcome) -> dict[str, Any]:
         "run_id": run_id,
         "status": status.label if status is not None else str(outcome.status),
     }
-    if outcome.status == Status.OK:
+    if outcome.status == AbiStatus.OK:
         entry["result"] = json_value(outcome.result)
     else:
         entry["error"] = outcome.error
@@ -80,7 +80,7 @@ class ChildOps(ReplayCore):
                 )
             )
         self._defers.append((event.defer_id, export_name))
-        return Reply(Status.OK, event.defer_id)
+        return Reply(AbiStatus.OK, event.defer_id)
 
     # --- children, continue-as-new, detached runs ---
 
@@ -93,7 +93,7 @@ class ChildOps(ReplayCore):
         policy = parent_close_policy or "terminate"
         if policy not in PARENT_CLOSE_POLICIES:
             return Reply(
-                Status.PERMANENT,
+                AbiStatus.PERMANENT,
                 f"parent_close_policy must be one of {', '.join(PARENT_CLOSE_POLICIES)}, "
                 f"not {policy!r}",
             )
@@ -133,15 +133,17 @@ class ChildOps(ReplayCore):
                 run_id, name, input, version, int(priority), policy, self.run.version
             )
             event = self._apply(mutation, make, refused)
-        if event.status != Status.OK:
+        if event.status != AbiStatus.OK:
             return Reply(event.status, event.error)
-        return Reply(Status.OK, event.run_id)
+        return Reply(AbiStatus.OK, event.run_id)
 
     def await_child(self, run_id: str) -> Reply:
         event = self._match(AwaitChildEvent, (run_id,))
         if event is None:
             if self._blocking_preamble() is not None:
-                outcome = ChildOutcome(Status.CANCELLED, error="cancelled while awaiting a child")
+                outcome = ChildOutcome(
+                    AbiStatus.CANCELLED, error="cancelled while awaiting a child"
+                )
             else:
                 found = self.storage.child_outcome(self.ref, run_id)
                 if found is None:
@@ -157,15 +159,15 @@ class ChildOps(ReplayCore):
                     error=outcome.error,
                 )
             )
-        if event.status == Status.OK:
-            return Reply(Status.OK, event.result)
+        if event.status == AbiStatus.OK:
+            return Reply(AbiStatus.OK, event.result)
         return Reply(event.status, event.error)
 
     def poll_child(self, run_id: str) -> Reply:
         event = self._match(PollChildEvent, (run_id,))
         if event is None:
             found = self.storage.child_outcome(self.ref, run_id)
-            outcome = found or ChildOutcome(Status.NOT_FOUND)
+            outcome = found or ChildOutcome(AbiStatus.NOT_FOUND)
             event = self._record(
                 PollChildEvent(
                     step=self.step,
@@ -176,20 +178,23 @@ class ChildOps(ReplayCore):
                     error=outcome.error,
                 )
             )
-        if event.status == Status.OK:
-            return Reply(Status.OK, event.result)
+        if event.status == AbiStatus.OK:
+            return Reply(AbiStatus.OK, event.result)
         return Reply(event.status, event.error)
 
     def await_all_children(self, run_ids_json: str) -> Reply:
         run_ids = parse_string_list(run_ids_json)
         if run_ids is None:
-            return Reply(Status.PERMANENT, "run_ids must be a JSON array of strings")
+            return Reply(AbiStatus.PERMANENT, "run_ids must be a JSON array of strings")
         event = self._match(AwaitAllChildrenEvent, (run_ids,))
         if event is None:
             if self._blocking_preamble() is not None:
                 event = self._record(
                     AwaitAllChildrenEvent(
-                        step=self.step, ts=self._stamp(), run_ids=run_ids, status=Status.CANCELLED
+                        step=self.step,
+                        ts=self._stamp(),
+                        run_ids=run_ids,
+                        status=AbiStatus.CANCELLED,
                     )
                 )
             else:
@@ -211,13 +216,16 @@ class ChildOps(ReplayCore):
     def await_any_child(self, run_ids_json: str) -> Reply:
         run_ids = parse_string_list(run_ids_json)
         if not run_ids:
-            return Reply(Status.PERMANENT, "run_ids must be a non-empty JSON array of strings")
+            return Reply(AbiStatus.PERMANENT, "run_ids must be a non-empty JSON array of strings")
         event = self._match(AwaitAnyChildEvent, (run_ids,))
         if event is None:
             if self._blocking_preamble() is not None:
                 event = self._record(
                     AwaitAnyChildEvent(
-                        step=self.step, ts=self._stamp(), run_ids=run_ids, status=Status.CANCELLED
+                        step=self.step,
+                        ts=self._stamp(),
+                        run_ids=run_ids,
+                        status=AbiStatus.CANCELLED,
                     )
                 )
             else:
@@ -267,6 +275,6 @@ class ChildOps(ReplayCore):
                     step=step, ts=ts, name=name, input=input, status=exc.status, error=exc.message
                 ),
             )
-        if event.status != Status.OK:
+        if event.status != AbiStatus.OK:
             return Reply(event.status, event.error)
-        return Reply(Status.OK, event.run_id)
+        return Reply(AbiStatus.OK, event.run_id)

@@ -25,7 +25,7 @@ from engine.session.replay import (
     never_refused,
     require_storable,
 )
-from engine.status import Status
+from engine.status import AbiStatus
 from engine.storage import (
     AcquireLock,
     CreateSchedule,
@@ -72,8 +72,8 @@ class StateOps(ReplayCore):
                 self._state_event("get", key, result=value or "", found=value is not None)
             )
         if not event.found:
-            return Reply(Status.NOT_FOUND, "")
-        return Reply(Status.OK, event.result)
+            return Reply(AbiStatus.NOT_FOUND, "")
+        return Reply(AbiStatus.OK, event.result)
 
     def delete_state(self, key: str) -> int:
         event = self._match(StateMutationEvent, ("delete", key, "", 0))
@@ -116,7 +116,7 @@ class StateOps(ReplayCore):
         if event is None:
             keys = sorted(self.storage.list_state(self.ref, self.scope, prefix))
             event = self._record(self._state_event("list", prefix, result=compact_json(keys)))
-        return Reply(Status.OK, event.result)
+        return Reply(AbiStatus.OK, event.result)
 
     def set_scope(self, object_type: str, instance_key: str) -> Reply:
         previous = self._scope_json()
@@ -136,10 +136,10 @@ class StateOps(ReplayCore):
         else:
             self._scope = ""
             self._scope_object = ("", "")
-        return Reply(Status.OK, previous)
+        return Reply(AbiStatus.OK, previous)
 
     def get_scope(self) -> Reply:
-        return Reply(Status.OK, self._scope_json())
+        return Reply(AbiStatus.OK, self._scope_json())
 
     def _scope_json(self) -> str:
         return compact_json(
@@ -191,9 +191,9 @@ class StateOps(ReplayCore):
                 lambda sid: dataclasses.replace(base, schedule_id=str(sid)),
                 lambda exc: dataclasses.replace(base, status=exc.status, error=exc.message),
             )
-        if event.status != Status.OK:
+        if event.status != AbiStatus.OK:
             return Reply(event.status, event.error)
-        return Reply(Status.OK, event.schedule_id)
+        return Reply(AbiStatus.OK, event.schedule_id)
 
     def delete_cron(self, schedule_id: str) -> Reply:
         event = self._match(DeleteCronEvent, (schedule_id,))
@@ -219,4 +219,4 @@ class StateOps(ReplayCore):
                     result=json.dumps(schedules, separators=(",", ":"), ensure_ascii=False),
                 )
             )
-        return Reply(Status.OK, event.result)
+        return Reply(AbiStatus.OK, event.result)

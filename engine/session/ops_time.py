@@ -31,7 +31,7 @@ from engine.session.replay import (
     parse_string_list,
     require_storable,
 )
-from engine.status import Status
+from engine.status import AbiStatus
 from engine.storable import value_fault
 from engine.storage import CreatePromise, SendSignal, SettlePromise
 
@@ -63,20 +63,20 @@ class TimeOps(ReplayCore):
 
     def uuid(self, seed: str) -> Reply:
         return Reply(
-            Status.OK, derived_uuid(self.ref.workflow_id, self.ref.run_id, self.step, seed)
+            AbiStatus.OK, derived_uuid(self.ref.workflow_id, self.ref.run_id, self.step, seed)
         )
 
     def side_effect(self, value: str) -> Reply:
         event = self._match(SideEffectEvent, ())
         if event is None:
             event = self._record(SideEffectEvent(step=self.step, ts=self._stamp(), value=value))
-        return Reply(Status.OK, event.value)
+        return Reply(AbiStatus.OK, event.value)
 
     def workflow_id(self) -> Reply:
-        return Reply(Status.OK, self.ref.workflow_id)
+        return Reply(AbiStatus.OK, self.ref.workflow_id)
 
     def run_id(self) -> Reply:
-        return Reply(Status.OK, self.ref.run_id)
+        return Reply(AbiStatus.OK, self.ref.run_id)
 
     def version(self) -> int:
         return self.run.version
@@ -103,21 +103,22 @@ class TimeOps(ReplayCore):
         try:
             value = json.loads(text)
         except json.JSONDecodeError as exc:
-            return Reply(Status.PERMANENT, f"invalid JSON: {exc}")
+            return Reply(AbiStatus.PERMANENT, f"invalid JSON: {exc}")
         if (fault := value_fault(value)) is not None:
-            return Reply(Status.PERMANENT, f"invalid JSON: the text {fault}")
+            return Reply(AbiStatus.PERMANENT, f"invalid JSON: the text {fault}")
         return Reply(
-            Status.OK, json.dumps(value, separators=(",", ":"), sort_keys=True, ensure_ascii=False)
+            AbiStatus.OK,
+            json.dumps(value, separators=(",", ":"), sort_keys=True, ensure_ascii=False),
         )
 
     def json_stringify(self, text: str) -> Reply:
         try:
             value = json.loads(text)
         except json.JSONDecodeError as exc:
-            return Reply(Status.PERMANENT, f"invalid JSON: {exc}")
+            return Reply(AbiStatus.PERMANENT, f"invalid JSON: {exc}")
         if (fault := value_fault(value)) is not None:
-            return Reply(Status.PERMANENT, f"invalid JSON: the text {fault}")
-        return Reply(Status.OK, json.dumps(value, separators=(",", ":"), ensure_ascii=False))
+            return Reply(AbiStatus.PERMANENT, f"invalid JSON: the text {fault}")
+        return Reply(AbiStatus.OK, json.dumps(value, separators=(",", ":"), ensure_ascii=False))
 
     # --- timers ---
 
@@ -129,7 +130,9 @@ class TimeOps(ReplayCore):
     def durable_await_signals(self, names_json: str, timeout_ms: int) -> Reply:
         names = parse_string_list(names_json)
         if not names:
-            return Reply(Status.PERMANENT, "signal names must be a non-empty JSON array of strings")
+            return Reply(
+                AbiStatus.PERMANENT, "signal names must be a non-empty JSON array of strings"
+            )
         return self._await_signals(names, int(timeout_ms), WaitKind.SIGNALS)
 
     def _await_signals(self, names: tuple[str, ...], timeout_ms: int, kind: WaitKind) -> Reply:
@@ -140,19 +143,19 @@ class TimeOps(ReplayCore):
         else:
             if event.signal_id:
                 self._consumed_signals.add(event.signal_id)
-        if event.status != Status.OK:
+        if event.status != AbiStatus.OK:
             return Reply(event.status, "")
         if kind is WaitKind.SIGNAL_REPLY:
-            return Reply(Status.OK, event.payload)
+            return Reply(AbiStatus.OK, event.payload)
         body: dict[str, Any] = {"name": event.name, "payload": json_value(event.payload)}
         if event.correlation_id:
             body["correlation_id"] = event.correlation_id
-        return Reply(Status.OK, json.dumps(body, separators=(",", ":"), ensure_ascii=False))
+        return Reply(AbiStatus.OK, json.dumps(body, separators=(",", ":"), ensure_ascii=False))
 
     def _await_signals_fresh(
         self, base: int, names: tuple[str, ...], timeout_ms: int, kind: WaitKind
     ) -> AwaitSignalsEvent:
-        def outcome(status: Status, **found: Any) -> AwaitSignalsEvent:
+        def outcome(status: AbiStatus, **found: Any) -> AwaitSignalsEvent:
             return self._record(
                 AwaitSignalsEvent(
                     step=self.step,
@@ -165,12 +168,12 @@ class TimeOps(ReplayCore):
             )
 
         if self._blocking_preamble() is not None:
-            return outcome(Status.CANCELLED)
+            return outcome(AbiStatus.CANCELLED)
         signal = self.storage.next_signal(self.ref, names, self._consumed_signals)
         if signal is not None:
             self._consumed_signals.add(signal.signal_id)
             return outcome(
-                Status.OK,
+                AbiStatus.OK,
                 name=signal.name,
                 payload=signal.payload,
                 signal_id=signal.signal_id,
@@ -178,7 +181,7 @@ class TimeOps(ReplayCore):
             )
         deadline = self._deadline(base, timeout_ms)
         if self._due(deadline):
-            return outcome(Status.TIMEOUT)
+            return outcome(AbiStatus.TIMEOUT)
         raise self._suspend(WaitCondition(kind, wake_at_ms=deadline, signals=names))
 
     def poll_signal(self, name: str) -> Reply:
@@ -188,7 +191,7 @@ class TimeOps(ReplayCore):
             if signal is None:
                 event = self._record(
                     SignalReceivedEvent(
-                        step=self.step, ts=self._stamp(), name=name, status=Status.NOT_FOUND
+                        step=self.step, ts=self._stamp(), name=name, status=AbiStatus.NOT_FOUND
                     )
                 )
             else:
@@ -203,9 +206,9 @@ class TimeOps(ReplayCore):
                 )
         if event.signal_id:
             self._consumed_signals.add(event.signal_id)
-        if event.status != Status.OK:
+        if event.status != AbiStatus.OK:
             return Reply(event.status, "")
-        return Reply(Status.OK, event.payload)
+        return Reply(AbiStatus.OK, event.payload)
 
     def poll_cancellation(self) -> Reply:
         event = self._match(CancellationCheckEvent, ())
@@ -216,11 +219,11 @@ class TimeOps(ReplayCore):
                     step=self.step,
                     ts=self._stamp(),
                     reason=reason or "",
-                    status=Status.OK if reason is not None else Status.NOT_FOUND,
+                    status=AbiStatus.OK if reason is not None else AbiStatus.NOT_FOUND,
                 )
             )
-        if event.status == Status.OK:
-            return Reply(Status.OK, event.reason)
+        if event.status == AbiStatus.OK:
+            return Reply(AbiStatus.OK, event.reason)
         return Reply(event.status, "")
 
     def signal_workflow(self, target_id: str, name: str, payload: str) -> Reply:
@@ -265,7 +268,7 @@ class TimeOps(ReplayCore):
     ) -> Reply:
         correlation_id = f"{self.ref.run_id}/{self.step}"
         sent = self._send_signal(target_id, name, payload, correlation_id)
-        if sent.status != Status.OK:
+        if sent.status != AbiStatus.OK:
             return Reply(sent.status, f"signal {name!r} could not be delivered to {target_id}")
         reply_name = REPLY_SIGNAL_PREFIX + sent.correlation_id
         return self._await_signals((reply_name,), int(timeout_ms), WaitKind.SIGNAL_REPLY)
@@ -283,7 +286,7 @@ class TimeOps(ReplayCore):
                         ts=ts,
                         correlation_id=correlation_id,
                         response=response,
-                        status=Status.NOT_FOUND,
+                        status=AbiStatus.NOT_FOUND,
                     )
                 )
             else:
@@ -319,7 +322,7 @@ class TimeOps(ReplayCore):
                 lambda _: CreatePromiseEvent(step=step, ts=ts, name=name, promise_id=promise_id),
                 refused,
             )
-        return Reply(Status.OK, event.promise_id)
+        return Reply(AbiStatus.OK, event.promise_id)
 
     def await_promise(self, promise_id: str, timeout_ms: int) -> Reply:
         base = self._vnow
@@ -327,7 +330,7 @@ class TimeOps(ReplayCore):
         event = self._match(AwaitPromiseEvent, (promise_id, timeout_ms))
         if event is None:
 
-            def outcome(status: Status, value: str = "", error: str = "") -> AwaitPromiseEvent:
+            def outcome(status: AbiStatus, value: str = "", error: str = "") -> AwaitPromiseEvent:
                 return self._record(
                     AwaitPromiseEvent(
                         step=self.step,
@@ -341,24 +344,24 @@ class TimeOps(ReplayCore):
                 )
 
             if self._blocking_preamble() is not None:
-                event = outcome(Status.CANCELLED)
+                event = outcome(AbiStatus.CANCELLED)
             else:
                 state = self.storage.promise_state(self.ref, promise_id)
                 deadline = self._deadline(base, timeout_ms)
                 if state is None:
-                    event = outcome(Status.NOT_FOUND, error=f"no promise {promise_id}")
+                    event = outcome(AbiStatus.NOT_FOUND, error=f"no promise {promise_id}")
                 elif state.status == "resolved":
-                    event = outcome(Status.OK, value=state.value)
+                    event = outcome(AbiStatus.OK, value=state.value)
                 elif state.status == "rejected":
-                    event = outcome(Status.ERROR, error=state.error)
+                    event = outcome(AbiStatus.ERROR, error=state.error)
                 elif self._due(deadline):
-                    event = outcome(Status.TIMEOUT)
+                    event = outcome(AbiStatus.TIMEOUT)
                 else:
                     raise self._suspend(
                         WaitCondition(WaitKind.PROMISE, wake_at_ms=deadline, promise_id=promise_id)
                     )
-        if event.status == Status.OK:
-            return Reply(Status.OK, event.value)
+        if event.status == AbiStatus.OK:
+            return Reply(AbiStatus.OK, event.value)
         return Reply(event.status, event.error)
 
     def resolve_promise(self, promise_id: str, value: str) -> Reply:

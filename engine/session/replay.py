@@ -78,7 +78,7 @@ from engine.outcomes import (
     failed,
 )
 from engine.services import CallResult, Services
-from engine.status import Status, status_from_byte
+from engine.status import AbiStatus, status_from_byte
 from engine.storable import json_text_fault, readable_text, text_fault
 from engine.storage import Mutation, RunRef, WorkflowStorage
 
@@ -92,7 +92,7 @@ class Reply(NamedTuple):
     payload: str = ""
 
 
-OK_EMPTY = Reply(Status.OK, "")
+OK_EMPTY = Reply(AbiStatus.OK, "")
 
 
 @dataclass(frozen=True, slots=True)
@@ -359,7 +359,7 @@ class ReplayCore:
             raise
         except Exception as exc:  # a caller must not take the segment down
             log.exception("service call failed inside the host")
-            return CallResult(Status.ERROR, f"{type(exc).__name__}: {exc}")
+            return CallResult(AbiStatus.ERROR, f"{type(exc).__name__}: {exc}")
         finally:
             spent = time.monotonic() - started
             self.io_seconds += spent
@@ -397,10 +397,10 @@ class ReplayCore:
                         duration_ms=duration_ms,
                         wake_at_ms=wake_at,
                         reason=reason,
-                        status=Status.CANCELLED,
+                        status=AbiStatus.CANCELLED,
                     )
                 )
-                return int(Status.CANCELLED)
+                return int(AbiStatus.CANCELLED)
         if duration_ms == 0 or self.clock() >= wake_at:
             self._record(
                 SleepEvent(
@@ -436,14 +436,16 @@ class ReplayCore:
     def _run_update(self, event: UpdateAppliedEvent) -> None:
         self._applied_update_ids.add(event.update_id)
         if event.name not in self._update_handlers:
-            reply = Reply(Status.NOT_FOUND, f"no update handler named {event.name!r} is registered")
+            reply = Reply(
+                AbiStatus.NOT_FOUND, f"no update handler named {event.name!r} is registered"
+            )
         else:
             self._update_depth += 1
             try:
                 reply = self.backend.call_export(event.name, event.payload)
             finally:
                 self._update_depth -= 1
-            if reply.status == Status.OK:
+            if reply.status == AbiStatus.OK:
                 require_storable(event.name, "the update's answer", reply.payload)
         self._applied_updates.append(AppliedUpdate(event.update_id, reply.status, reply.payload))
 
@@ -456,12 +458,12 @@ class ReplayCore:
             label = status.label if status is not None else "error"
             for defer_id, export in reversed(self._defers):
                 body: dict[str, Any] = {"defer_id": defer_id, "status": label}
-                if reply.status == Status.OK:
+                if reply.status == AbiStatus.OK:
                     body["result"] = json_value(reply.payload)
                 else:
                     body["error"] = reply.payload
                 outcome = self.backend.call_export(export, json.dumps(body))
-                if outcome.status != Status.OK:
+                if outcome.status != AbiStatus.OK:
                     log.warning(
                         "defer %s of run %s returned status %s: %s",
                         export,
@@ -477,7 +479,7 @@ class ReplayCore:
                 leftover.step, leftover.describe(), "no host function: the entry point returned"
             )
             return failed(ErrorCode.NONDETERMINISM, str(ended))
-        if reply.status == Status.OK:
+        if reply.status == AbiStatus.OK:
             fault = json_text_fault(reply.payload)
             if fault is not None:
                 return failed(ErrorCode.GUEST_FAULT, f"the entry point's result {fault}")

@@ -21,7 +21,7 @@ from engine.determinism import idempotency_key
 from engine.errors import FenceLost, PermanentError
 from engine.events import CallEvent, HeartbeatEvent, PluginCallEvent, StreamChunkEvent, encode
 from engine.services import Fetcher
-from engine.status import Status
+from engine.status import AbiStatus
 from engine.testing import WorkflowEnvironment
 from tests.fixtures import FakeService, assert_replays_quietly, event_types, wait_of
 from tests.fixtures.wat import ABI_V1_PARAMS, Wat, import_all
@@ -143,7 +143,7 @@ def test_retry_reports_retries_exhausted_with_the_last_error() -> None:
     env.deploy("retry", retry_module(2, 10, 100, 0).wasm())
     run = env.run("retry")
     env.advance(ms=10)
-    assert env.result(run) == [[Status.RETRIES_EXHAUSTED, "RuntimeError: second"]]
+    assert env.result(run) == [[AbiStatus.RETRIES_EXHAUSTED, "RuntimeError: second"]]
     assert len(pay.calls) == 2
     assert_replays_quietly(env, run, watch=[pay])
 
@@ -161,7 +161,7 @@ def test_retry_stops_at_a_permanent_or_non_retryable_error(failure: Exception) -
     env.deploy("retry", retry_module(5, 1000, 200, 0).wasm())
     run = env.run("retry")
     [[status, message]] = env.result(run)
-    assert status == Status.PERMANENT
+    assert status == AbiStatus.PERMANENT
     assert message.endswith(str(failure))
     assert len(pay.calls) == 1
     assert event_types(env, run) == ["call"]
@@ -174,7 +174,7 @@ def test_retry_attempts_are_capped_at_100() -> None:
     env = WorkflowEnvironment({"pay": pay})
     env.deploy("retry", retry_module(1000, 0, 100, 0).wasm())
     run = env.run("retry")
-    assert env.result(run) == [[Status.RETRIES_EXHAUSTED, "RuntimeError: down"]]
+    assert env.result(run) == [[AbiStatus.RETRIES_EXHAUSTED, "RuntimeError: down"]]
     assert len(pay.calls) == 100
     assert pay.calls[-1].attempt == 100
     assert event_types(env, run).count("call") == 100
@@ -353,7 +353,7 @@ def test_fetch_is_denied_for_a_url_off_the_allow_list(
     env.services.fetcher = Fetcher(("https://api.example.com/",), allow_private=True)
     env.deploy("fetch", fetch_module(base + "/hook").wasm())
     run = env.run("fetch")
-    assert env.result(run) == [[Status.DENIED, f"{base}/hook is not on the fetch allow-list"]]
+    assert env.result(run) == [[AbiStatus.DENIED, f"{base}/hook is not on the fetch allow-list"]]
     assert requests == []
     assert event_types(env, run) == ["fetch"]
     assert_replays_quietly(env, run)
@@ -368,7 +368,7 @@ def test_fetch_refuses_loopback_unless_private_addresses_are_allowed(
     env.deploy("fetch", fetch_module(base + "/hook").wasm())
     run = env.run("fetch")
     [[status, message]] = env.result(run)
-    assert status == Status.DENIED
+    assert status == AbiStatus.DENIED
     assert "private address" in message
     assert requests == []
     assert_replays_quietly(env, run)
@@ -386,7 +386,7 @@ def test_allowed_fetch_returns_status_headers_and_body_and_replays_without_a_req
     run = env.run("fetch")
 
     [[status, payload]] = env.result(run)
-    assert status == Status.OK
+    assert status == AbiStatus.OK
     response = json.loads(payload)
     assert response["status"] == 201
     assert response["headers"]["Content-Type"] == "application/json"
@@ -555,13 +555,13 @@ def test_pending_intent_without_resolver_replays_as_ambiguous(
     env.run_until_idle()
 
     [[status, message], balance] = env.result(run)
-    assert status == Status.AMBIGUOUS
+    assert status == AbiStatus.AMBIGUOUS
     assert idempotency_key(run, run, 0) in message
     assert balance == [0, "900"]
     assert bank.ops() == ["balance"]
     first = env.history(run)[0]
     assert isinstance(first, CallEvent)
-    assert (first.pending, first.status) == (False, Status.AMBIGUOUS)
+    assert (first.pending, first.status) == (False, AbiStatus.AMBIGUOUS)
     assert_replays_quietly(env, run, watch=[bank])
 
 

@@ -9,7 +9,7 @@ import json
 import pytest
 
 from engine.events import ChildWorkflowEvent
-from engine.status import Status
+from engine.status import AbiStatus
 from engine.testing import WorkflowEnvironment
 from tests.fixtures import FakeService, assert_replays_quietly, event_types, wait_of
 from tests.fixtures.wat import Ref, Wat
@@ -26,7 +26,7 @@ def echo_child() -> Wat:
 
 def failing_child() -> Wat:
     w = Wat()
-    w.run(w.reply(Status.PERMANENT, "child refused"))
+    w.run(w.reply(AbiStatus.PERMANENT, "child refused"))
     return w
 
 
@@ -73,7 +73,7 @@ PARENT_WAT = parent_module("echo").source()
 
 @pytest.mark.parametrize(
     ("child", "answer"),
-    [("echo", [0, '["{\\"x\\":1}",1]']), ("failing", [Status.PERMANENT, "child refused"])],
+    [("echo", [0, '["{\\"x\\":1}",1]']), ("failing", [AbiStatus.PERMANENT, "child refused"])],
 )
 def test_await_child_returns_the_childs_result_with_its_status(
     child: str, answer: list[object]
@@ -136,9 +136,9 @@ def test_child_options_choose_version_priority_and_policy() -> None:
     missing, bad_policy, a, b = env.result(parent)
     assert a == [0, '["\\"a\\"",1]']
     assert b == [0, '["\\"b\\"",2]']
-    assert missing == [Status.NOT_FOUND, "echo has no version 9"]
+    assert missing == [AbiStatus.NOT_FOUND, "echo has no version 9"]
     assert bad_policy == [
-        Status.PERMANENT,
+        AbiStatus.PERMANENT,
         "parent_close_policy must be one of terminate, abandon, request_cancel, not 'orphan'",
     ]
     children = [r for r in env.storage.runs.values() if r.parent_run_id == parent]
@@ -180,7 +180,7 @@ def test_parent_close_policy_decides_what_happens_to_a_running_child(
     [[_, child]] = env.result(parent)
     assert env.status(child) == child_status
     if policy == "request_cancel":
-        assert env.result(child) == [[Status.CANCELLED, ""]]
+        assert env.result(child) == [[AbiStatus.CANCELLED, ""]]
     if policy == "abandon":
         env.signal(child, "go", 1)
         env.run_until_idle()
@@ -223,7 +223,7 @@ def test_await_all_children_answers_every_outcome_in_the_given_order() -> None:
         {"run_id": b, "status": "permanent", "error": "child refused"},
         {"run_id": a, "status": "ok", "result": ['"a"', 1]},
     ]
-    assert malformed == [Status.PERMANENT, "run_ids must be a JSON array of strings"]
+    assert malformed == [AbiStatus.PERMANENT, "run_ids must be a JSON array of strings"]
     assert_replays_quietly(env, parent, a, b)
 
 
@@ -263,7 +263,7 @@ def test_await_any_child_answers_the_first_to_finish_and_poll_child_never_waits(
     [(status, first), polled_early, awaited, polled_late] = env.result(parent)
     assert status == 0
     assert json.loads(first) == {"run_id": fast, "status": "ok", "result": ['"fast"', 1]}
-    assert polled_early == [Status.NOT_FOUND, ""]
+    assert polled_early == [AbiStatus.NOT_FOUND, ""]
     assert awaited == polled_late == [0, '[[0,"{\\"name\\":\\"go\\",\\"payload\\":\\"now\\"}"]]']
     assert event_types(env, parent) == [
         "child_workflow",
@@ -327,7 +327,7 @@ def evolving_module(version: int) -> Wat:
     w = Wat()
     if version == 1:
         again = f"(call $continue_as_new_with_version {w.js('v2 please')} (i64.const 2))"
-        w.run(f"(drop {again}) {w.reply(Status.ERROR, 'continue_as_new returned')}")
+        w.run(f"(drop {again}) {w.reply(AbiStatus.ERROR, 'continue_as_new returned')}")
     else:
         w.run(f"(call $recn (call $version)) (call $note {w.input()}) (call $finish)")
     return w
@@ -373,7 +373,7 @@ def test_run_detached_starts_an_independent_workflow() -> None:
     starter = env.run("starter")
     [[status, detached], unknown] = env.result(starter)
     assert status == 0
-    assert unknown == [Status.NOT_FOUND, "no workflow definition named 'unknown'"]
+    assert unknown == [AbiStatus.NOT_FOUND, "no workflow definition named 'unknown'"]
     record = env.storage.runs[detached]
     assert (record.definition, record.input, record.parent_run_id) == (
         "waiting",
@@ -394,7 +394,7 @@ def test_run_detached_starts_an_independent_workflow() -> None:
 def deferring_module(fail: bool) -> Wat:
     """Registers two defers, each reporting its input to the audit service."""
     w = Wat()
-    outcome = w.reply(Status.PERMANENT, "order rejected") if fail else "(call $finish)"
+    outcome = w.reply(AbiStatus.PERMANENT, "order rejected") if fail else "(call $finish)"
     w.run(
         f"""
     (call $rec (call $durable_defer {w.s("audit_first")}))

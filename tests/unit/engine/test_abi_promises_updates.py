@@ -8,7 +8,7 @@ import json
 import pytest
 
 from engine.events import UpdateAppliedEvent
-from engine.status import Status
+from engine.status import AbiStatus
 from engine.testing import WorkflowEnvironment
 from tests.fixtures import assert_replays_quietly, event_types, wait_of
 from tests.fixtures.wat import INPUT, Wat
@@ -64,7 +64,7 @@ def test_await_promise_returns_error_when_the_promise_is_rejected() -> None:
     promise = _promise_of(env, run)
     env.reject_promise(promise, "no budget left")
     env.run_until_idle()
-    assert env.result(run) == [[0, promise], [Status.ERROR, "no budget left"]]
+    assert env.result(run) == [[0, promise], [AbiStatus.ERROR, "no budget left"]]
     assert_replays_quietly(env, run)
 
 
@@ -76,7 +76,7 @@ def test_await_promise_times_out() -> None:
     run = env.run("waiter")
     assert wait_of(env, run)["wake_at_ms"] == start + 1000
     env.advance(seconds=1)
-    assert env.result(run)[1] == [Status.TIMEOUT, ""]
+    assert env.result(run)[1] == [AbiStatus.TIMEOUT, ""]
     assert_replays_quietly(env, run)
 
 
@@ -87,7 +87,7 @@ def test_await_of_an_unknown_promise_is_not_found() -> None:
     env = WorkflowEnvironment()
     env.deploy("lost", w.wasm())
     run = env.run("lost")
-    assert env.result(run) == [[Status.NOT_FOUND, "no promise p-missing"]]
+    assert env.result(run) == [[AbiStatus.NOT_FOUND, "no promise p-missing"]]
     assert_replays_quietly(env, run)
 
 
@@ -116,7 +116,7 @@ SETTLER_WAT = settler_module("resolve").source() + settler_module("reject").sour
     ("verb", "answer", "event"),
     [
         ("resolve", [0, '{"by":"settler"}'], "promise_resolved"),
-        ("reject", [Status.ERROR, "refused by settler"], "promise_rejected"),
+        ("reject", [AbiStatus.ERROR, "refused by settler"], "promise_rejected"),
     ],
 )
 def test_a_workflow_settles_another_workflows_promise(
@@ -135,8 +135,8 @@ def test_a_workflow_settles_another_workflows_promise(
     assert env.result(waiter) == [[0, promise], answer]
     first, again, unknown, late_reject = env.result(settler)
     assert first == [0, ""]
-    assert again[0] == late_reject[0] == Status.PERMANENT
-    assert unknown[0] == Status.NOT_FOUND
+    assert again[0] == late_reject[0] == AbiStatus.PERMANENT
+    assert unknown[0] == AbiStatus.NOT_FOUND
     assert event_types(env, settler) == [event, event, "promise_resolved", "promise_rejected"]
     assert_replays_quietly(env, waiter, settler)
 
@@ -247,7 +247,7 @@ def test_an_update_without_a_registered_handler_fails() -> None:
     )
     env.signal(run, "done")
     env.run_until_idle()
-    assert env.result(run)[-1] == [Status.NOT_FOUND, ""]
+    assert env.result(run)[-1] == [AbiStatus.NOT_FOUND, ""]
     assert_replays_quietly(env, run)
 
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 import json
 
 from engine.events import StateMutationEvent
-from engine.status import Status
+from engine.status import AbiStatus
 from engine.testing import WorkflowEnvironment
 from tests.fixtures import assert_replays_quietly, event_types
 from tests.fixtures.wat import Wat
@@ -61,7 +61,7 @@ def test_state_operations_answer_from_the_workflows_own_state() -> None:
         0,
         0,
         [0, "1"],
-        [Status.NOT_FOUND, ""],
+        [AbiStatus.NOT_FOUND, ""],
         1,
         0,
         1,
@@ -165,8 +165,8 @@ def test_a_scope_addresses_one_virtual_objects_state_shared_across_workflows() -
     ]
     assert {s[0] for s in (prev, scoped, prev_again, unscoped)} == {0}
     assert visits == 1
-    assert own == [Status.NOT_FOUND, ""]
-    assert env.result(reader) == [[0, '["book"]'], 2, [Status.NOT_FOUND, ""]]
+    assert own == [AbiStatus.NOT_FOUND, ""]
+    assert env.result(reader) == [[0, '["book"]'], 2, [AbiStatus.NOT_FOUND, ""]]
     assert env.storage.state[("obj:cart:c-1", "visits")] == "2"
     assert event_types(env, writer)[:2] == ["scope_acquired", "state_mutation"]
     assert_replays_quietly(env, writer, reader)
@@ -287,10 +287,10 @@ def test_schedule_cron_validates_then_list_and_delete_see_the_schedule() -> None
     [created, bad_cron, bad_zone, unknown, listed, deleted, again, empty] = env.result(run)
     assert created[0] == 0
     schedule_id = created[1]
-    assert bad_cron == [Status.PERMANENT, "minute field '61': 61 is outside 0-59"]
-    assert bad_zone[0] == Status.PERMANENT
+    assert bad_cron == [AbiStatus.PERMANENT, "minute field '61': 61 is outside 0-59"]
+    assert bad_zone[0] == AbiStatus.PERMANENT
     assert "Mars/Olympus" in bad_zone[1]
-    assert unknown == [Status.NOT_FOUND, "no workflow definition named 'nope'"]
+    assert unknown == [AbiStatus.NOT_FOUND, "no workflow definition named 'nope'"]
     assert listed[0] == 0
     assert json.loads(listed[1]) == [
         {
@@ -301,7 +301,7 @@ def test_schedule_cron_validates_then_list_and_delete_see_the_schedule() -> None
             "input": '{"kind":"daily"}',
         }
     ]
-    assert (deleted, again, empty) == ([0, ""], [Status.NOT_FOUND, ""], [0, "[]"])
+    assert (deleted, again, empty) == ([0, ""], [AbiStatus.NOT_FOUND, ""], [0, "[]"])
     assert env.storage.schedules == {}
     assert event_types(env, run) == ["schedule_cron"] * 4 + ["list_crons"] + ["delete_cron"] * 2 + [
         "list_crons"
@@ -322,7 +322,7 @@ def test_schedule_cron_over_the_quota_is_denied() -> None:
 
     [(status, schedule_id), denied] = env.result(run)
     assert status == 0
-    assert denied == [Status.DENIED, "the tenant's quota of 1 schedules is reached"]
+    assert denied == [AbiStatus.DENIED, "the tenant's quota of 1 schedules is reached"]
     assert env.storage.schedules[schedule_id]["timezone"] == "UTC"
     assert len(env.storage.schedules) == 1
     assert_replays_quietly(env, run)

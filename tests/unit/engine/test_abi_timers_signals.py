@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 
 from engine.events import AwaitSignalsEvent, SignalSentEvent, SleepEvent
-from engine.status import Status
+from engine.status import AbiStatus
 from engine.testing import WorkflowEnvironment
 from tests.fixtures import assert_replays_quietly, event_types, wait_of
 from tests.fixtures.wat import Wat
@@ -59,10 +59,10 @@ def test_sleep_returns_cancelled_when_the_run_is_cancelled() -> None:
     env.clock.advance(1000)
     env.cancel(run)
     env.run_until_idle()
-    assert env.result(run) == [Status.CANCELLED, start + 1000]
+    assert env.result(run) == [AbiStatus.CANCELLED, start + 1000]
     [event] = env.history(run)
     assert isinstance(event, SleepEvent)
-    assert event.status == Status.CANCELLED
+    assert event.status == AbiStatus.CANCELLED
     assert_replays_quietly(env, run)
 
 
@@ -135,7 +135,7 @@ def test_await_signals_times_out() -> None:
     env.advance(seconds=2)
     assert wait_of(env, run)["wake_at_ms"] == start + 4000  # the second wait started at 2 s
     env.advance(seconds=2)
-    assert env.result(run) == [[Status.TIMEOUT, ""], [Status.TIMEOUT, ""]]
+    assert env.result(run) == [[AbiStatus.TIMEOUT, ""], [AbiStatus.TIMEOUT, ""]]
     assert_replays_quietly(env, run)
 
 
@@ -146,9 +146,9 @@ def test_await_signals_returns_cancelled_for_a_cancelled_run() -> None:
     run = env.run("await")
     env.cancel(run)
     env.run_until_idle()
-    assert env.result(run) == [[Status.CANCELLED, ""], [Status.CANCELLED, ""]]
+    assert env.result(run) == [[AbiStatus.CANCELLED, ""], [AbiStatus.CANCELLED, ""]]
     events = [e for e in env.history(run) if isinstance(e, AwaitSignalsEvent)]
-    assert [e.status for e in events] == [Status.CANCELLED, Status.CANCELLED]
+    assert [e.status for e in events] == [AbiStatus.CANCELLED, AbiStatus.CANCELLED]
     assert_replays_quietly(env, run)
 
 
@@ -353,7 +353,7 @@ def test_send_signal_and_wait_times_out_without_a_reply() -> None:
     assert env.status(receiver) == "done"
     assert env.status(client) == "ready"
     env.advance(seconds=3)
-    assert env.result(client) == [[Status.TIMEOUT, ""]]
+    assert env.result(client) == [[AbiStatus.TIMEOUT, ""]]
     assert_replays_quietly(env, client, receiver)
 
 
@@ -363,7 +363,7 @@ def test_send_signal_and_wait_to_an_unknown_target_is_not_found() -> None:
     env.deploy("client", client_module(3000).wasm())
     client = env.run("client", json.dumps("nobody"))
     [[status, message]] = env.result(client)
-    assert status == Status.NOT_FOUND
+    assert status == AbiStatus.NOT_FOUND
     assert "nobody" in message
     assert_replays_quietly(env, client)
 

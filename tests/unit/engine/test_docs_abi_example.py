@@ -13,7 +13,7 @@ import wasmtime
 
 from engine.errors import PermanentError
 from engine.events import AwaitSignalsEvent, CallEvent
-from engine.status import Status
+from engine.status import AbiStatus
 from engine.testing import WorkflowEnvironment
 
 ABI_DOC = Path(__file__).resolve().parents[3] / "docs" / "abi.md"
@@ -92,7 +92,7 @@ def test_unapproved_order_times_out_after_an_hour_with_null_approval(
 
     assert env.result(run) == {"reservation": {"order": 7, "slot": "A7"}, "approval": None}
     timeout = env.history(run)[1]
-    assert isinstance(timeout, AwaitSignalsEvent) and timeout.status == Status.TIMEOUT
+    assert isinstance(timeout, AwaitSignalsEvent) and timeout.status == AbiStatus.TIMEOUT
     assert timeout.ts == started + HOUR_MS
     env.assert_replays(run)
 

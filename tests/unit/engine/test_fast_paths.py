@@ -34,7 +34,7 @@ from engine.events import (
     record_maker,
 )
 from engine.services import CallContext, PythonService, _dumps
-from engine.status import Status
+from engine.status import AbiStatus
 from tests.unit.engine.test_determinism import VECTORS
 
 # --- base32 and idempotency keys -----------------------------------------------------------
@@ -153,7 +153,7 @@ def odd_value(rng: random.Random, default: Any) -> Any:
     if isinstance(default, bool):
         return rng.choice([True, False, 0, 1])
     if isinstance(default, int):
-        return rng.choice([0, 1, -1, 2**70, -(2**63), 1.5, True, Level.HIGH, Status.OK])
+        return rng.choice([0, 1, -1, 2**70, -(2**63), 1.5, True, Level.HIGH, AbiStatus.OK])
     if isinstance(default, tuple):
         texts = ["a", 'é\n"', "\u2028", "", "日本"]
         return tuple(rng.choice(texts) for _ in range(rng.randint(0, 3)))
@@ -405,12 +405,12 @@ def test_python_service_follows_a_replaced_target() -> None:
 
     ctx = CallContext("t", "wf", "run", 1, "svc", "ping", "key")
     service = PythonService(Ops)
-    assert service.call("svc", "ping", "{}", ctx) == (Status.OK, '"pong"')
+    assert service.call("svc", "ping", "{}", ctx) == (AbiStatus.OK, '"pong"')
     service.target = serve_all
-    assert service.call("svc", "ping", "{}", ctx) == (Status.OK, '"ping"')
+    assert service.call("svc", "ping", "{}", ctx) == (AbiStatus.OK, '"ping"')
     service.target = Ops
-    assert service.call("svc", "ping", "{}", ctx) == (Status.OK, '"pong"')
-    assert service.call("svc", "ping", "{", ctx)[0] == Status.PERMANENT
+    assert service.call("svc", "ping", "{}", ctx) == (AbiStatus.OK, '"pong"')
+    assert service.call("svc", "ping", "{", ctx)[0] == AbiStatus.PERMANENT
 
 
 # --- the host functions' argument reader ---------------------------------------------------

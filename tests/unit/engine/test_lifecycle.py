@@ -10,7 +10,7 @@ from engine import lifecycle
 from engine.errors import ErrorCode
 from engine.events import CallEvent, PluginCallEvent, SleepEvent
 from engine.session import Completed, ContinuedAsNew, Suspended, WaitCondition, WaitKind, failed
-from engine.status import Status
+from engine.status import AbiStatus
 
 NOW = 1_000_000
 RUN = lifecycle.RunState(workflow_id="wf-1", version=4, attempt=1)
@@ -129,21 +129,21 @@ def test_each_parent_close_policy() -> None:
 
 
 def test_a_retry_forgets_only_a_call_that_failed_retryably() -> None:
-    def call(status: Status) -> CallEvent:
+    def call(status: AbiStatus) -> CallEvent:
         return CallEvent(step=3, ts=0, service="s", operation="o", status=status)
 
-    def plugin(status: Status, streaming: bool) -> PluginCallEvent:
+    def plugin(status: AbiStatus, streaming: bool) -> PluginCallEvent:
         return PluginCallEvent(
             step=3, ts=0, plugin="p", function="f", status=status, streaming=streaming
         )
 
-    assert lifecycle.is_forgettable_failed_call(call(Status.ERROR))
-    assert lifecycle.is_forgettable_failed_call(call(Status.TIMEOUT))
-    assert not lifecycle.is_forgettable_failed_call(call(Status.OK))
-    assert not lifecycle.is_forgettable_failed_call(call(Status.PERMANENT))
-    assert lifecycle.is_forgettable_failed_call(plugin(Status.ERROR, streaming=False))
-    assert not lifecycle.is_forgettable_failed_call(plugin(Status.ERROR, streaming=True))
-    sleep = SleepEvent(step=3, ts=0, duration_ms=5, status=Status.CANCELLED)
+    assert lifecycle.is_forgettable_failed_call(call(AbiStatus.ERROR))
+    assert lifecycle.is_forgettable_failed_call(call(AbiStatus.TIMEOUT))
+    assert not lifecycle.is_forgettable_failed_call(call(AbiStatus.OK))
+    assert not lifecycle.is_forgettable_failed_call(call(AbiStatus.PERMANENT))
+    assert lifecycle.is_forgettable_failed_call(plugin(AbiStatus.ERROR, streaming=False))
+    assert not lifecycle.is_forgettable_failed_call(plugin(AbiStatus.ERROR, streaming=True))
+    sleep = SleepEvent(step=3, ts=0, duration_ms=5, status=AbiStatus.CANCELLED)
     assert not lifecycle.is_forgettable_failed_call(sleep)
 
 
@@ -178,8 +178,8 @@ def test_the_in_memory_store_refuses_the_closes_the_rule_refuses() -> None:
     ):
         with pytest.raises(Refused, match="is already done") as refused:
             close()
-        assert refused.value.status == Status.PERMANENT
+        assert refused.value.status == AbiStatus.PERMANENT
     assert env.history(run) == []  # a refused close writes nothing
     with pytest.raises(Refused) as missing:
         env.terminate("no-such-run")
-    assert missing.value.status == Status.NOT_FOUND
+    assert missing.value.status == AbiStatus.NOT_FOUND

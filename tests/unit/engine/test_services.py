@@ -17,7 +17,7 @@ import pytest
 
 from engine.errors import PermanentError
 from engine.services import CallContext, CallResult, Fetcher, ServiceRegistry
-from engine.status import Status
+from engine.status import AbiStatus
 
 KEY = "idem-key-for-this-step"
 
@@ -84,7 +84,7 @@ def test_module_target_by_dotted_path() -> None:
     idempotency key and the call context."""
     registry = ServiceRegistry({"math": THIS_MODULE})
     result = call(registry, "math", "add", {"a": 2, "b": 3})
-    assert result.status == Status.OK
+    assert result.status == AbiStatus.OK
     assert json.loads(result.payload) == {"sum": 5, "key": KEY, "step": 4}
 
 
@@ -93,13 +93,13 @@ def test_object_target_by_dotted_path_and_by_instance() -> None:
     PAYMENTS.charged.clear()
     by_path = ServiceRegistry({"pay": f"{THIS_MODULE}.PAYMENTS"})
     result = call(by_path, "pay", "charge", {"amount": 7})
-    assert (result.status, json.loads(result.payload)) == (Status.OK, {"charged": 7})
+    assert (result.status, json.loads(result.payload)) == (AbiStatus.OK, {"charged": 7})
     assert PAYMENTS.charged == [7]
 
     payments = Payments()
     registry = ServiceRegistry({"pay": payments})
     result = call(registry, "pay", "charge", {"amount": 12})
-    assert (result.status, json.loads(result.payload)) == (Status.OK, {"charged": 12})
+    assert (result.status, json.loads(result.payload)) == (AbiStatus.OK, {"charged": 12})
     assert payments.charged == [12]
     assert PAYMENTS.charged == [7]
 
@@ -109,7 +109,7 @@ def test_single_callable_serves_every_operation() -> None:
     registry = ServiceRegistry({"any": router})
     for operation in ("create", "delete"):
         result = call(registry, "any", operation, {"id": 1})
-        assert result.status == Status.OK
+        assert result.status == AbiStatus.OK
         assert json.loads(result.payload) == {"operation": operation, "request": {"id": 1}}
 
 
@@ -122,13 +122,13 @@ def test_callable_by_dotted_path() -> None:
 def test_permanent_error_maps_to_permanent() -> None:
     """PermanentError means do not retry: its message is the payload."""
     result = call(ServiceRegistry({"m": THIS_MODULE}), "m", "refuse", {})
-    assert result == CallResult(Status.PERMANENT, "card declined")
+    assert result == CallResult(AbiStatus.PERMANENT, "card declined")
 
 
 def test_other_exceptions_map_to_error() -> None:
     """Any other exception is retryable and names its type."""
     result = call(ServiceRegistry({"m": THIS_MODULE}), "m", "crash", {})
-    assert result.status == Status.ERROR
+    assert result.status == AbiStatus.ERROR
     assert result.payload == "RuntimeError: database unavailable"
 
 
@@ -136,14 +136,14 @@ def test_invalid_json_request_is_permanent() -> None:
     """A request that is not JSON never reaches the service and is not worth retrying."""
     payments = Payments()
     result = call(ServiceRegistry({"pay": payments}), "pay", "charge", "{amount: 12")
-    assert result.status == Status.PERMANENT
+    assert result.status == AbiStatus.PERMANENT
     assert "not valid JSON" in result.payload
     assert payments.charged == []
 
 
 def test_unknown_service_is_permanent_and_names_the_setting() -> None:
     result = call(ServiceRegistry({}), "nowhere", "op", {})
-    assert result.status == Status.PERMANENT
+    assert result.status == AbiStatus.PERMANENT
     assert "nowhere" in result.payload
     assert "CLEAT_SERVICES" in result.payload
 
@@ -152,14 +152,14 @@ def test_unknown_service_is_permanent_and_names_the_setting() -> None:
 def test_unknown_and_private_operations_are_permanent(operation: str) -> None:
     """Only public callables of the target are operations."""
     result = call(ServiceRegistry({"m": THIS_MODULE}), "m", operation, {})
-    assert result.status == Status.PERMANENT
+    assert result.status == AbiStatus.PERMANENT
     assert operation in result.payload
 
 
 def test_unloadable_dotted_path_is_permanent() -> None:
     """A typo in settings fails the call clearly rather than stopping the worker."""
     result = call(ServiceRegistry({"bad": "no.such.module_path"}), "bad", "op", {})
-    assert result.status == Status.PERMANENT
+    assert result.status == AbiStatus.PERMANENT
     assert "cannot be loaded" in result.payload
 
 
@@ -231,7 +231,7 @@ def test_http_service_posts_json_with_the_idempotency_key(server: LocalServer) -
     server.requests.clear()
     registry = ServiceRegistry({"ship": f"{server.base}/api"})
     result = call(registry, "ship", "create_label", {"parcel": "ü-1"})
-    assert result.status == Status.OK
+    assert result.status == AbiStatus.OK
     [received] = server.requests
     assert received.method == "POST"
     assert received.path == "/api/create_label"
@@ -244,22 +244,22 @@ def test_http_service_posts_json_with_the_idempotency_key(server: LocalServer) -
 @pytest.mark.parametrize(
     ("code", "status"),
     [
-        (200, Status.OK),
-        (201, Status.OK),
-        (400, Status.PERMANENT),
-        (404, Status.PERMANENT),
-        (408, Status.ERROR),
-        (429, Status.ERROR),
-        (500, Status.ERROR),
-        (503, Status.ERROR),
+        (200, AbiStatus.OK),
+        (201, AbiStatus.OK),
+        (400, AbiStatus.PERMANENT),
+        (404, AbiStatus.PERMANENT),
+        (408, AbiStatus.ERROR),
+        (429, AbiStatus.ERROR),
+        (500, AbiStatus.ERROR),
+        (503, AbiStatus.ERROR),
     ],
 )
-def test_http_status_classes(server: LocalServer, code: int, status: Status) -> None:
+def test_http_status_classes(server: LocalServer, code: int, status: AbiStatus) -> None:
     """2xx is OK; 4xx is PERMANENT except 408 and 429 (retry later); 5xx is ERROR."""
     registry = ServiceRegistry({"svc": f"{server.base}/status/"})
     result = call(registry, "svc", str(code), {})
     assert result.status == status
-    if status != Status.OK:
+    if status != AbiStatus.OK:
         assert f"HTTP {code}" in result.payload
 
 
@@ -275,7 +275,7 @@ def test_connection_refused_is_error() -> None:
     """A service that is down is a retryable failure."""
     registry = ServiceRegistry({"down": f"http://127.0.0.1:{free_port()}/"})
     result = call(registry, "down", "op", {})
-    assert result.status == Status.ERROR
+    assert result.status == AbiStatus.ERROR
     assert "refused" in result.payload.lower()
 
 
@@ -285,13 +285,13 @@ def test_connection_refused_is_error() -> None:
 def test_fetch_outside_the_allow_list_is_denied() -> None:
     fetcher = Fetcher(allow=("https://api.example.com/",))
     result = fetcher.fetch("GET", "https://evil.example.net/steal", "{}", "")
-    assert result.status == Status.DENIED
+    assert result.status == AbiStatus.DENIED
     assert "allow-list" in result.payload
 
 
 def test_empty_allow_list_denies_everything() -> None:
     result = Fetcher().fetch("GET", "https://api.example.com/", "", "")
-    assert result.status == Status.DENIED
+    assert result.status == AbiStatus.DENIED
 
 
 @pytest.mark.parametrize(
@@ -309,14 +309,14 @@ def test_private_addresses_are_denied_even_when_allow_listed(url: str) -> None:
     """A workflow must not reach the host's own network unless configured to."""
     fetcher = Fetcher(allow=("http://",))
     result = fetcher.fetch("GET", url, "", "")
-    assert result.status == Status.DENIED
+    assert result.status == AbiStatus.DENIED
     assert "private address" in result.payload
 
 
 @pytest.mark.parametrize("url", ["file:///etc/passwd", "ftp://example.com/", "/relative"])
 def test_only_http_urls_can_be_fetched(url: str) -> None:
     result = Fetcher(allow=("http://", "https://")).fetch("GET", url, "", "")
-    assert result.status == Status.DENIED
+    assert result.status == AbiStatus.DENIED
     assert "http(s)" in result.payload
 
 
@@ -326,7 +326,7 @@ def test_allowed_local_fetch_returns_status_headers_and_body(server: LocalServer
     server.requests.clear()
     fetcher = Fetcher(allow=(server.base + "/",), allow_private=True)
     result = fetcher.fetch("post", f"{server.base}/things", '{"X-Trace": "t-1"}', "hello")
-    assert result.status == Status.OK
+    assert result.status == AbiStatus.OK
     response = json.loads(result.payload)
     assert set(response) == {"status", "headers", "body"}
     assert response["status"] == 200
@@ -340,14 +340,14 @@ def test_fetch_of_an_error_page_reports_its_status(server: LocalServer) -> None:
     """An HTTP error is an answer, not a failure of the call: the guest sees the status."""
     fetcher = Fetcher(allow=(server.base,), allow_private=True)
     result = fetcher.fetch("GET", f"{server.base}/status/404", "", "")
-    assert result.status == Status.OK
+    assert result.status == AbiStatus.OK
     assert json.loads(result.payload)["status"] == 404
 
 
 def test_fetch_with_malformed_headers_is_permanent(server: LocalServer) -> None:
     fetcher = Fetcher(allow=(server.base,), allow_private=True)
-    assert fetcher.fetch("GET", server.base, "not json", "").status == Status.PERMANENT
-    assert fetcher.fetch("GET", server.base, "[1]", "").status == Status.PERMANENT
+    assert fetcher.fetch("GET", server.base, "not json", "").status == AbiStatus.PERMANENT
+    assert fetcher.fetch("GET", server.base, "[1]", "").status == AbiStatus.PERMANENT
 
 
 # --- the allow-list's rules ------------------------------------------------------------------
@@ -453,7 +453,7 @@ def test_a_redirect_off_the_allow_list_is_denied_and_not_followed(
     fetcher = Fetcher(allow=(redirector + "/",), allow_private=True)
     target = urllib.parse.quote(f"{server.base}/secret", safe="")
     result = fetcher.fetch("GET", f"{redirector}/to?{target}", "", "")
-    assert result.status == Status.DENIED
+    assert result.status == AbiStatus.DENIED
     assert "redirects to" in result.payload and "not on the fetch allow-list" in result.payload
     assert server.requests == []
 
@@ -463,7 +463,7 @@ def test_a_redirect_within_the_allow_list_is_followed(redirector: str, server: L
     fetcher = Fetcher(allow=(redirector + "/", server.base + "/"), allow_private=True)
     target = urllib.parse.quote(f"{server.base}/landing", safe="")
     result = fetcher.fetch("GET", f"{redirector}/to?{target}", "", "")
-    assert result.status == Status.OK
+    assert result.status == AbiStatus.OK
     assert json.loads(json.loads(result.payload)["body"])["path"] == "/landing"
     assert [r.path for r in server.requests] == ["/landing"]
 
@@ -492,7 +492,7 @@ def test_the_request_connects_to_the_address_that_was_checked(
     server.requests.clear()
     fetcher = Fetcher(allow=(f"http://rebind.test:{port}/",), timeout_s=3)
     result = fetcher.fetch("GET", f"http://rebind.test:{port}/pinned", "", "")
-    assert result.status == Status.OK, result.payload
+    assert result.status == AbiStatus.OK, result.payload
     assert json.loads(json.loads(result.payload)["body"])["path"] == "/pinned"
     [received] = server.requests
     assert received.headers["Host"] == f"rebind.test:{port}"  # the name, not the address
@@ -536,7 +536,7 @@ def test_addresses_that_are_not_globally_routable_are_denied(
     monkeypatch.setattr(socket, "getaddrinfo", resolves)
     fetcher = Fetcher(allow=("https://api.example.com/",))
     result = fetcher.fetch("GET", "https://api.example.com/x", "", "")
-    assert result.status == Status.DENIED, address
+    assert result.status == AbiStatus.DENIED, address
     assert "private address" in result.payload and "globally routable" in result.payload
 
 
@@ -568,11 +568,11 @@ def test_header_injection_and_bad_methods_are_permanent(
     not raised from inside http.client (which the run would retry as an internal error)."""
     fetcher = Fetcher(allow=(server.base,), allow_private=True)
     result = fetcher.fetch(method, server.base, json.dumps(headers), "")
-    assert result.status == Status.PERMANENT, result
+    assert result.status == AbiStatus.PERMANENT, result
     assert fault in result.payload
 
 
 def test_a_tab_in_a_header_value_is_sent(server: LocalServer) -> None:
     fetcher = Fetcher(allow=(server.base,), allow_private=True)
     result = fetcher.fetch("GET", server.base, json.dumps({"X-Tab": "a\tb"}), "")
-    assert result.status == Status.OK, result
+    assert result.status == AbiStatus.OK, result

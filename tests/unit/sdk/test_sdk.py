@@ -23,11 +23,11 @@ from cleat_workflow import (
 )
 from cleat_workflow._context import _ms
 
-from engine.status import Status
+from engine.status import AbiStatus
 
 
 def test_status_codes_are_the_abi_ones() -> None:
-    for status in Status:
+    for status in AbiStatus:
         assert getattr(_errors, status.name) == status.value
         assert _errors.STATUS_LABELS[status.value] == status.label
 
@@ -35,14 +35,14 @@ def test_status_codes_are_the_abi_ones() -> None:
 @pytest.mark.parametrize(
     ("status", "cls"),
     [
-        (Status.ERROR, CallFailed),
-        (Status.PERMANENT, PermanentError),
-        (Status.AMBIGUOUS, Ambiguous),
-        (Status.TIMEOUT, Timeout),
-        (Status.CANCELLED, Cancelled),
-        (Status.RETRIES_EXHAUSTED, RetriesExhausted),
-        (Status.NOT_FOUND, NotFound),
-        (Status.DENIED, Denied),
+        (AbiStatus.ERROR, CallFailed),
+        (AbiStatus.PERMANENT, PermanentError),
+        (AbiStatus.AMBIGUOUS, Ambiguous),
+        (AbiStatus.TIMEOUT, Timeout),
+        (AbiStatus.CANCELLED, Cancelled),
+        (AbiStatus.RETRIES_EXHAUSTED, RetriesExhausted),
+        (AbiStatus.NOT_FOUND, NotFound),
+        (AbiStatus.DENIED, Denied),
         (99, CallFailed),
     ],
 )
