@@ -470,14 +470,18 @@ def trace_worker(out_path: str, concurrency: int) -> None:
     worker.Worker._execute = traced_execute  # type: ignore[method-assign]
     listener_init = worker._PgListener.__init__
 
-    def traced_listener(self: Any, params: Any, wake: Any) -> None:
+    def traced_listener(self: Any, params: Any, listen: Any, wake: Any) -> None:
         def on_notify() -> None:
             note("notified")
             wake()
 
-        listener_init(self, params, on_notify)
+        listener_init(self, params, listen, on_notify)
 
     worker._PgListener.__init__ = traced_listener  # type: ignore[method-assign]
+    # As runworker does: the worker's connection lifetime, not the web process's (0).
+    from workflows.management.commands._common import use_worker_connection_age
+
+    use_worker_connection_age()
     w = worker.Worker(worker.WorkerOptions(concurrency=concurrency))
     w.install_signal_handlers()
     w.run()
