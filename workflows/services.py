@@ -524,13 +524,7 @@ def deactivate_tenant(tenant: Tenant, operator: str, reason: str = "") -> int:
             generation=F("generation") + 1,
             updated_at=now,
         )
-        AuditLog.objects.create(
-            tenant=tenant,
-            action="deactivate_tenant",
-            operator=operator,
-            reason=reason,
-            detail={"paused_runs": paused},
-        )
+        AuditLog.record(tenant, "deactivate_tenant", operator, reason, paused_runs=paused)
     return paused
 
 
@@ -553,13 +547,7 @@ def reactivate_tenant(tenant: Tenant, operator: str, reason: str = "") -> int:
             next_wake_at=now,
             updated_at=now,
         )
-        AuditLog.objects.create(
-            tenant=tenant,
-            action="reactivate_tenant",
-            operator=operator,
-            reason=reason,
-            detail={"resumed_runs": resumed},
-        )
+        AuditLog.record(tenant, "reactivate_tenant", operator, reason, resumed_runs=resumed)
         wake.notify_after_commit()
     return resumed
 
