@@ -151,13 +151,9 @@ class ModuleCache:
 
     def get(self, wasm: bytes, sha: str | None = None) -> LoadedModule:
         sha = sha or hashlib.sha256(wasm).hexdigest()
-        with self._lock:
-            found = self._entries.get(sha)
-            if found is not None:
-                self._entries.move_to_end(sha)
-                self.hits += 1
-                self._touch_from_memory(sha)
-                return found
+        found = self.peek(sha)
+        if found is not None:
+            return found
         loaded = self._load(wasm, sha)
         with self._lock:
             self._entries[sha] = loaded
