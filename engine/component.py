@@ -52,8 +52,6 @@ from __future__ import annotations
 import ctypes
 import json
 import logging
-import os
-import tempfile
 import threading
 import time
 from collections import deque
@@ -174,17 +172,7 @@ class ComponentSession(ExecutionSession):
         """
         while True:
             if not self._updates_due and self._peek_recorded() is None:
-                for request in self.storage.pending_updates(self.ref, self._applied_update_ids):
-                    event = self._record(
-                        UpdateAppliedEvent(
-                            step=self.step,
-                            ts=self._stamp(),
-                            update_id=request.update_id,
-                            name=request.name,
-                            payload=request.payload,
-                        )
-                    )
-                    self._run_update(event)
+                self._apply_pending_updates()
             if not self._updates_due:
                 return None
             event = self._updates_due.popleft()
@@ -629,17 +617,6 @@ def _read_description(path: Path) -> tuple[GuestInfo, tuple[str, ...]] | None:
         return None  # described again, and written again
 
 
-def _write_atomically(path: Path, data: bytes) -> None:
-    try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(dir=path.parent, suffix=".tmp")
-        with os.fdopen(fd, "wb") as fh:
-            fh.write(data)
-        os.replace(tmp, path)
-    except OSError as exc:  # a read-only cache is a slower cache, not an error
-        log.warning("cannot write component cache %s: %s", path, exc)
-
-
 class ComponentBackend:
     """Loads and runs components on the runtime's engine (its configuration and epoch
     ticker). Thread-safe."""
@@ -727,11 +704,11 @@ class ComponentBackend:
                 time.monotonic() - started,
             )
             if path is not None:
-                _write_atomically(path, bytes(component.serialize()))
+                cache.store_artifact(path, bytes(component.serialize()))
         if described is None:
             described = self.describe(component)
             if path is not None:
-                _write_atomically(_description_path(path), _description_json(*described))
+                cache.store_artifact(_description_path(path), _description_json(*described))
                 cache.prune_disk(keep=sha)
         else:
             # Checked when the artifact was cached (same sha256): only link what it imports.

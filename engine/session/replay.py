@@ -421,6 +421,11 @@ class ReplayCore:
         backend = self._backend
         if self._update_depth or backend is None or not backend.supports_reentry:
             return
+        self._apply_pending_updates()
+
+    def _apply_pending_updates(self) -> None:
+        """Record each update waiting in storage (one event each, at the end of the history)
+        and run it (both backends)."""
         for request in self.storage.pending_updates(self.ref, self._applied_update_ids):
             event = self._record(
                 UpdateAppliedEvent(
