@@ -102,8 +102,10 @@ _LOAD_SQL = _load_sql()
 # (as _fail_pending_updates), in a statement of its own so that its snapshot is taken after
 # the row lock: an update queued by send_update (which locks the row) either committed before
 # and is seen, or waits for this commit and then finds the run done. It changes nothing
-# unless the second matched (the run is then `done` at this generation); so does the fourth,
-# which releases the locks the workflow holds. When the second matches nothing, nothing was
+# unless the second matched (the run is then `done` at this generation). The fence statement
+# also releases the locks the workflow holds (a part that deletes only when the fence
+# matched); the locks were taken in the run's earlier, committed transactions, so the
+# statement's snapshot sees them. When the second matches nothing, nothing was
 # written and the general path in store.lifecycle tells the cases apart. What the statements
 # write is the transition engine.lifecycle.completion() returns, which the parameters come from.
 def _finalize_done_sql() -> str:
@@ -123,13 +125,14 @@ WITH fence AS (
        AND NOT EXISTS (SELECT 1 FROM {instance} AS c
                         WHERE c.parent_id = i.id AND c.status NOT IN ({terminal}))
     RETURNING i.id, i.tenant_id, i.parent_id
-), {APPEND_FROM_FENCE_SQL}
+), {APPEND_FROM_FENCE_SQL}, released AS (
+    DELETE FROM {locks} AS k USING fence
+     WHERE k.tenant_id = fence.tenant_id AND k.holder = %s
+    RETURNING 1
+)
 SELECT parent_id FROM fence;
 UPDATE {updates} SET status = %s, result = %s, completed_at = %s
  WHERE instance_id = %s AND status = %s
-   AND EXISTS (SELECT 1 FROM {instance}
-                WHERE id = %s AND status = %s AND generation = %s AND assigned_to IS NULL);
-DELETE FROM {locks} WHERE tenant_id = %s AND holder = %s
    AND EXISTS (SELECT 1 FROM {instance}
                 WHERE id = %s AND status = %s AND generation = %s AND assigned_to IS NULL)"""
 
@@ -251,13 +254,18 @@ CREATE OR REPLACE FUNCTION cleat.claim_instances(
     p_worker text, p_queues text[], p_limit integer, p_now timestamptz, p_tenant uuid,
     p_default_cap integer)
 RETURNS TABLE(id uuid, tenant_id uuid, generation bigint)
-LANGUAGE sql SECURITY DEFINER SET search_path = public, pg_temp AS $$
+LANGUAGE plpgsql SECURITY DEFINER SET search_path = public, pg_temp AS $$
+#variable_conflict use_column
+BEGIN
+    RETURN QUERY
     WITH room AS (
         SELECT t.id AS tenant_id, t.last_claimed_at,
                CASE WHEN COALESCE(t.max_running, p_default_cap) > 0
                     THEN LEAST(p_limit, COALESCE(t.max_running, p_default_cap) - (
-                         SELECT count(*) FROM workflows_workflowinstance AS r
-                          WHERE r.tenant_id = t.id AND r.status = 'running'))
+                         SELECT count(*) FROM (
+                                SELECT 1 FROM workflows_workflowinstance AS r
+                                 WHERE r.tenant_id = t.id AND r.status = 'running'
+                                 LIMIT COALESCE(t.max_running, p_default_cap)) AS n))
                     ELSE p_limit END AS room
           FROM workflows_tenant AS t
          WHERE t.is_active AND (p_tenant IS NULL OR t.id = p_tenant)
@@ -299,14 +307,17 @@ LANGUAGE sql SECURITY DEFINER SET search_path = public, pg_temp AS $$
     ),
     served AS (
         -- SKIP LOCKED: a claim never waits for (nor deadlocks with) another claim's turn
-        -- record; a tenant whose row is busy keeps its older turn this once.
+        -- record; a tenant whose row is busy keeps its older turn this once. Turns are
+        -- recorded only when tenants competed: a tenant alone with due runs took no turn.
         UPDATE workflows_tenant AS t SET last_claimed_at = p_now
          WHERE t.id IN (SELECT s.id FROM workflows_tenant AS s
                          WHERE s.id IN (SELECT claimed.tenant_id FROM claimed)
+                           AND (SELECT count(*) FROM room) > 1
                            FOR NO KEY UPDATE SKIP LOCKED)
         RETURNING 1
     )
-    SELECT claimed.id, claimed.tenant_id, claimed.generation FROM claimed
+    SELECT claimed.id, claimed.tenant_id, claimed.generation FROM claimed;
+END
 $$;
 
 CREATE OR REPLACE FUNCTION cleat.reap_expired_leases(p_cutoff timestamptz, p_now timestamptz)
