@@ -175,7 +175,9 @@ def test_deploy_start_work_signal_work_show(tenant: Tenant, files: dict[str, Pat
         assert WorkflowInstance.objects.get(id=run_id).definition_version == 1
 
 
-def test_input_and_payload_as_arguments_as_the_docs_show(tenant: Tenant, files: dict[str, Path]) -> None:
+def test_input_and_payload_as_arguments_as_the_docs_show(
+    tenant: Tenant, files: dict[str, Path]
+) -> None:
     """``start_workflow NAME '{json}'`` and ``signal_workflow RUN SIGNAL '{json}'``, as
     docs/python-workflows.md and the examples write them; giving both forms is refused."""
     run("deploy_workflow", "approval", str(files["approval.wasm"]))

@@ -28,6 +28,7 @@ from django.utils import timezone
 from django.utils.http import url_has_allowed_host_and_scheme
 from django.utils.safestring import mark_safe
 
+from engine import lifecycle
 from engine.events import CodecError, EncodedEvent, decode, verify
 from workflows import definitions as defs
 from workflows import services as svc
@@ -57,7 +58,12 @@ from workflows.models import (
     WorkflowInstance,
     continue_chain,
 )
-from workflows.redaction import redacted_query_state, redacted_text, redacted_value
+from workflows.redaction import (
+    readable_payload,
+    redacted_query_state,
+    redacted_text,
+    redacted_value,
+)
 from workflows.tenancy import of_tenant
 
 EVENTS_PER_PAGE = 50
@@ -155,7 +161,7 @@ def _event_rows(page_rows: list[EncodedEvent], start_ms: int) -> list[dict[str, 
                 "step": stored.step,
                 "type": kind,
                 "summary": redacted_text(summary),
-                "payload": redacted_text(stored.payload),
+                "payload": readable_payload(stored.payload),
                 "offset": duration_text(max(0, stored.ts - start_ms) / 1000),
                 "at": datetime.fromtimestamp(stored.ts / 1000, UTC),
                 "checksum_ok": verify(stored),
@@ -260,7 +266,7 @@ def _report(request: HttpRequest, action: RunAction, outcomes: list[Any]) -> Non
     done = [o for o in outcomes if o.ok]
     if done:
         if len(done) == 1:
-            text = f"Run {done[0].run_id} {action.done_text}."
+            text = f"Run {done[0].run_id} {done[0].message}."
         else:
             text = f"{len(done)} runs {action.done_text}."
         messages.success(request, text)
@@ -292,12 +298,29 @@ def _confirmation(
             "targets": [f"{i.id}:{i.generation}" for i in instances],
             "bulk_action_name": bulk_action_name,
             "truncated": truncated,
+            "retry_plans": _retry_plans(request, action, instances),
             "cancel_url": instance_url(instances[0].id)
             if len(instances) == 1
             else changelist_url(),
         },
         status=status,
     )
+
+
+def _retry_plans(
+    request: HttpRequest, action: RunAction, instances: list[WorkflowInstance]
+) -> list[tuple[str, str]]:
+    """For a retry of one run: what each mode would do to it, for the confirmation page."""
+    if action.name != "retry" or len(instances) != 1:
+        return []
+    plans = []
+    for mode in lifecycle.RETRY_MODES:
+        try:
+            plan = svc.retry_plan(tenant_of(request), str(instances[0].id), mode)
+        except svc.ServiceError:
+            return []
+        plans.append((mode, plan.effect))
+    return plans
 
 
 def action_page(request: HttpRequest, object_id: str, name: str) -> HttpResponse:

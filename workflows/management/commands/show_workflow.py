@@ -12,7 +12,6 @@ from typing import Any
 from django.core.management.base import BaseCommand, CommandParser
 
 from engine.storable import parse_readable
-
 from workflows.management.commands._common import add_tenant_argument, fail, tenant_from
 from workflows.models import instance_summary
 from workflows.services import ServiceError, get_instance

@@ -28,7 +28,9 @@ class Command(BaseCommand):
         parser.add_argument(
             "payload_json", nargs="?", default=None, metavar="PAYLOAD", help="JSON payload"
         )
-        parser.add_argument("--payload", default=None, help="JSON payload (or give it after SIGNAL)")
+        parser.add_argument(
+            "--payload", default=None, help="JSON payload (or give it after SIGNAL)"
+        )
         add_tenant_argument(parser)
 
     def handle(self, *args: Any, **options: Any) -> None:

@@ -25,7 +25,9 @@ class Command(VersionOptionMixin, BaseCommand):
 
     def add_arguments(self, parser: CommandParser) -> None:
         parser.add_argument("name")
-        parser.add_argument("input_json", nargs="?", default=None, metavar="INPUT", help="JSON input")
+        parser.add_argument(
+            "input_json", nargs="?", default=None, metavar="INPUT", help="JSON input"
+        )
         parser.add_argument("--version", type=int, default=None, dest="def_version")
         parser.add_argument("--tag", default=None)
         parser.add_argument("--input", default=None, help="JSON input (or give it after NAME)")
