@@ -7,7 +7,6 @@ from __future__ import annotations
 import io
 import json
 from collections.abc import Iterator
-from typing import Any
 
 import pytest
 import wasmtime
@@ -136,3 +135,67 @@ def test_console_retry_offers_the_mode_and_says_what_each_does(tenant: Tenant, o
     assert "re-executes step" in done.content.decode()
     work(tenant, scenario.SERVICES)
     assert status_of(tenant, run_id) == "done"
+
+
+# --- point 5: JSON shown as JSON, not as strings of JSON ----------------------------------------
+
+
+def test_event_payloads_show_the_json_inside_them_parsed(
+    tenant: Tenant, api: Api, op: Client
+) -> None:
+    definitions.deploy_definition(tenant, "shop-order", wasmtime.wat2wasm(scenario.SHOP_WAT))
+    env = DatabaseWorkflowEnvironment(tenant, scenario.SERVICES)
+    try:
+        run_id = env.run("shop-order", {"item": "book", "amount": 3})
+        env.advance(1)
+    finally:
+        env.close()
+    events = api.get(f"/api/v1/workflows/{run_id}/events", {"decoded": "true"}).json()["results"]
+    call = next(e for e in events if e["type"] == "call")
+    assert call["data"]["req"] == {"item": "book", "amount": 3}
+    assert call["data"]["resp"] == {"reserved": "book"}
+    assert call["decoded"]["fields"]["request"] == {"item": "book", "amount": 3}
+    assert json.loads(call["payload"])["req"] == '{"item": "book", "amount": 3}'  # as stored
+
+    page = op.get(f"{RUNS}{run_id}/change/").content.decode()
+    row = page[page.index('id="event-0"') :]
+    row = row[: row.index("</tr>")]
+    assert "&quot;req&quot;:{&quot;item&quot;:&quot;book&quot;" in row, row
+    assert "\\&quot;" not in row
+
+    state = api.get(f"/api/v1/workflows/{run_id}/query", {"key": "stage"}).json()
+    assert state["value"] == "charged"
+
+
+# --- point 7: the API's hints for the usual first mistakes -------------------------------------
+
+
+def test_a_trailing_slash_gets_a_hint_not_a_bare_404(tenant: Tenant, api: Api) -> None:
+    answer = api.post("/api/v1/workflows/", {"definition": "order"})
+    assert answer.status_code == 404
+    message = answer.json()["error"]["message"]
+    assert "no trailing slash" in message and "POST /api/v1/workflows" in message
+    plain = api.post("/api/v1/nothing-here/", {})
+    assert plain.status_code == 404 and "trailing slash" not in plain.json()["error"]["message"]
+
+
+def test_a_form_body_gets_a_415_that_says_to_send_json(tenant: Tenant, api: Api) -> None:
+    answer = api.client.post(
+        "/api/v1/workflows", {"definition": "order"}, **api.headers
+    )  # the test client's default: multipart form data
+    assert answer.status_code == 415
+    error = answer.json()["error"]
+    assert error["code"] == "unsupported_media_type"
+    assert "Content-Type: application/json" in error["message"]
+
+
+def test_an_unknown_definition_name_gets_a_did_you_mean(tenant: Tenant, api: Api) -> None:
+    definitions.deploy_definition(tenant, "shop-order", wasmtime.wat2wasm(scenario.SHOP_WAT))
+    answer = api.post("/api/v1/workflows", {"definition": "shop-ordr"})
+    assert answer.status_code == 400 and answer.json()["error"]["code"] == "unknown_definition"
+    assert "did you mean 'shop-order'?" in answer.json()["error"]["message"]
+    far = api.post("/api/v1/workflows", {"definition": "zzz"}).json()["error"]["message"]
+    assert far == "no workflow definition named 'zzz'"
+    for path in ("/api/v1/definitions/shop-ordr", "/api/v1/definitions/shop-ordr/versions/1"):
+        missing = api.get(path)
+        assert missing.status_code == 404 and "'shop-order'?" in missing.json()["error"]["message"]

@@ -298,7 +298,7 @@ class DefinitionViewSet(TenantViewSet):
             .values_list("version", "deprecated")
         )
         if not rows:
-            raise services.NotFound(f"no workflow definition named {name!r}", "name")
+            raise definitions.unknown_name(self.tenant, name, "name")
         tags = of_tenant(VersionTag, self.tenant).filter(name=name)
         rules = of_tenant(RoutingRule, self.tenant).filter(name=name)
         return Response(
