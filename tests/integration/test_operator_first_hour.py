@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import io
 import json
+import re
 from collections.abc import Iterator
 
 import pytest
@@ -199,3 +200,135 @@ def test_an_unknown_definition_name_gets_a_did_you_mean(tenant: Tenant, api: Api
     for path in ("/api/v1/definitions/shop-ordr", "/api/v1/definitions/shop-ordr/versions/1"):
         missing = api.get(path)
         assert missing.status_code == 404 and "'shop-order'?" in missing.json()["error"]["message"]
+
+
+# --- point 6: the console reads well ------------------------------------------------------------
+
+
+def test_a_retried_call_is_not_drawn_across_the_time_the_run_sat_dead_lettered() -> None:
+    from engine.events import AdminActionEvent, CallEvent, encode
+    from engine.status import AbiStatus
+    from workflows import timeline
+
+    start = 1_767_225_600_000
+    rows = [
+        encode(CallEvent(step=0, ts=start + 40, service="shop", operation="reserve", request="{}")),
+        encode(AdminActionEvent(step=1, ts=start + 3_600_000, action="retry", operator="op")),
+        encode(
+            CallEvent(
+                step=2,
+                ts=start + 3_600_300,
+                service="shop",
+                operation="charge",
+                request="{}",
+                status=AbiStatus.OK,
+            )
+        ),
+    ]
+    items = {i.step: i for i in timeline.build_items(rows, start)}
+    assert items[0].start_ms == start
+    assert items[2].start_ms == start + 3_600_000  # from the retry, not from step 0
+    assert items[2].end_ms == start + 3_600_300
+
+
+def test_one_spelling_of_a_status_waiting_runs_sizes_and_the_audit_log(
+    tenant: Tenant, op: Client
+) -> None:
+
+    scenario.OUTAGES.clear()
+    runs = scenario.populate(tenant)
+    scenario.OUTAGES.clear()
+    listing = op.get(RUNS).content.decode()
+    instance = op.get(f"{RUNS}{runs['dead'][0]}/change/").content.decode()
+    dashboard = op.get("/admin/console/dashboard/").content.decode()
+    dlq = op.get("/admin/console/dead-letters/").content.decode()
+    for page in (listing, instance, dashboard, dlq):
+        text = shown_text(page)
+        assert "dead_lettered" not in text and "DEAD_LETTERED" not in text, page
+    assert "dead-lettered" in shown_text(instance)
+
+    # A run waiting for a signal is shown waiting, not ready; a sleeping one too.
+    waiting = op.get(f"{RUNS}{runs['waiting'][0]}/change/").content.decode()
+    assert 'id="run-status"><span class="cleat-status cleat-status-waiting"' in waiting
+    assert listing.count('data-status="waiting"') >= 3
+
+    definitions_page = op.get("/admin/workflows/workflowdefinition/").content.decode()
+    assert re.search(r"\d+(\.\d)? (B|KiB)</span>", definitions_page)
+
+    retried = op.post(
+        f"{RUNS}{runs['dead'][0]}/action/retry/",
+        {
+            "runs": f"{runs['dead'][0]}:{status_generation(tenant, runs['dead'][0])}",
+            "confirm": "yes",
+            "reason": "outage over",
+        },
+    )
+    assert retried.status_code == 302
+    audit = op.get("/admin/workflows/auditlog/").content.decode()
+    assert "{'" not in audit and "error code: error" in audit
+
+
+def test_the_reason_is_marked_required_and_the_ready_panel_says_nothing_is_due(
+    tenant: Tenant, op: Client
+) -> None:
+    scenario.OUTAGES.clear()
+    runs = scenario.populate(tenant)
+    form = op.get(f"{RUNS}{runs['waiting'][0]}/action/cancel/").content.decode()
+    label = form[form.index('for="id_reason"') - 20 :]
+    assert 'class="required"' in label[:200] and "*" in label[:300]
+    assert re.search(r'<textarea name="reason"[^>]* required', form)
+    dashboard = op.get("/admin/console/dashboard/").content.decode()
+    panel = dashboard[dashboard.index("Ready queue per definition") :][:1500]
+    assert "Nothing is due" in panel
+
+
+def shown_text(page: str) -> str:
+    """What a page reads as (no style sheet, no markup, no attribute values)."""
+    body = re.sub(r"<style.*?</style>|<script.*?</script>|<svg.*?</svg>", " ", page, flags=re.S)
+    return re.sub(r"<[^>]+>", " ", body)
+
+
+def status_generation(tenant: Tenant, run_id: str) -> int:
+    with tenant_context(tenant.id):
+        return int(WorkflowInstance.objects.get(id=run_id).generation)
+
+
+def test_schedule_page_buttons_preview_and_the_index_link(tenant: Tenant, op: Client) -> None:
+    from schedules import services as schedules
+    from schedules.models import Schedule
+
+    definitions.deploy_definition(tenant, "shop-order", wasmtime.wat2wasm(scenario.SHOP_WAT))
+    made = schedules.create_schedule(
+        tenant, name="nightly", workflow_name="shop-order", cron="30 2 * * *", input="{}"
+    )
+    page_url = f"/admin/schedules/schedule/{made.pk}/change/"
+    page = op.get(page_url).content.decode()
+    assert 'id="schedule-trigger"' in page and 'id="schedule-pause"' in page
+
+    triggered = op.post(f"/admin/schedules/schedule/{made.pk}/do/trigger/", follow=True)
+    assert "ightly: triggered, 1 started" in triggered.content.decode()
+    with tenant_context(tenant.id):
+        assert WorkflowInstance.objects.filter(definition_name="shop-order").count() == 1
+    assert op.get(f"/admin/schedules/schedule/{made.pk}/do/trigger/").status_code == 405
+
+    op.post(f"/admin/schedules/schedule/{made.pk}/do/pause/")
+    with tenant_context(tenant.id):
+        assert not Schedule.objects.get(pk=made.pk).enabled
+    assert 'id="schedule-resume"' in op.get(page_url).content.decode()
+    op.post(f"/admin/schedules/schedule/{made.pk}/do/resume/")
+    with tenant_context(tenant.id):
+        assert Schedule.objects.get(pk=made.pk).enabled
+
+    # An invalid form: the preview is the saved schedule's, not "the cron is empty".
+    form = op.get(page_url).context["adminform"].form
+    data = {k: ("" if v is None else v) for k, v in form.initial.items() if k in form.fields}
+    data.update(cron="", _save="Save")
+    rejected = op.post(page_url, data).content.decode()
+    assert "errorlist" in rejected
+    assert "cannot evaluate" not in rejected and "02:30" in rejected
+    added = op.get("/admin/schedules/schedule/add/").content.decode()
+    assert "cannot evaluate" not in added
+
+    index = op.get("/admin/").content.decode()
+    assert 'id="index-schedules"' in index
+    assert 'href="/admin/schedules/schedule/">Schedules</a>' in index

@@ -458,6 +458,7 @@ def dashboard(request: HttpRequest) -> HttpResponse:
             for d in data.per_definition[:30]
             if d.finished_last_hour
         ],
+        empty="No run ended in the last hour.",
     )
     ready_bars = charts.bar_chart(
         "Ready queue per definition (due now)",
@@ -471,6 +472,7 @@ def dashboard(request: HttpRequest) -> HttpResponse:
             for d in data.per_definition[:30]
             if d.ready_depth
         ],
+        empty="Nothing is due: no run is waiting for a worker.",
     )
     context = {
         "title": "Dashboard" + (f": {definition}" if definition else ""),
@@ -495,7 +497,7 @@ def dashboard(request: HttpRequest) -> HttpResponse:
         "failure_chart": mark_safe(failure_bars),
         "ready_chart": mark_safe(ready_bars),
         "schedules_url": _schedules_url(),
-        "statuses": [s.value for s in RunStatus],
+        "statuses": [s.label for s in RunStatus],
         "definition_rows": [
             (d, [d.by_status.get(s.value, 0) for s in RunStatus]) for d in data.per_definition
         ],
