@@ -213,14 +213,18 @@ class ScheduleAdmin(TenantScopedAdmin):
         if obj.next_run_at is None:
             return "-"
         try:
-            local = obj.timing.local(obj.next_run_at)
+            timing = obj.timing
         except CronError as exc:
             return f"cannot evaluate: {exc.message}"
+        instants = [obj.next_run_at, *timing.preview(obj.next_run_at, PREVIEW_COUNT - 1)]
+        shown = [timing.local(t).strftime("%Y-%m-%d %H:%M %Z") for t in instants]
+        # The next instant on the schedule's wall clock; the next five as its tooltip.
         return format_html(
-            '<time datetime="{}" title="{}">{}</time>',
+            '<time datetime="{}" title="next {}: {}">{}</time>',
             obj.next_run_at.isoformat(),
-            local.strftime("%Y-%m-%d %H:%M %Z"),
-            local.strftime("%m-%d %H:%M %Z"),
+            PREVIEW_COUNT,
+            ", ".join(shown),
+            timing.local(obj.next_run_at).strftime("%m-%d %H:%M %Z"),
         )
 
     @admin.display(description="policies (misfire / overlap)")
