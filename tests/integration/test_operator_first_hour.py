@@ -332,3 +332,18 @@ def test_schedule_page_buttons_preview_and_the_index_link(tenant: Tenant, op: Cl
     index = op.get("/admin/").content.decode()
     assert 'id="index-schedules"' in index
     assert 'href="/admin/schedules/schedule/">Schedules</a>' in index
+
+
+def test_a_run_is_started_from_the_definition_page(tenant: Tenant, op: Client) -> None:
+    made = definitions.deploy_definition(tenant, "shop-order", wasmtime.wat2wasm(scenario.SHOP_WAT))
+    url = f"/admin/workflows/workflowdefinition/{made.pk}/change/"
+    assert 'id="start-run-form"' in op.get(url).content.decode()
+    bad = op.post(url, {"op": "start", "input": "{nope"}, follow=True)
+    assert "Run not started" in bad.content.decode()
+    started = op.post(url, {"op": "start", "input": '{"item": "book", "amount": 2}'})
+    assert started.status_code == 302
+    run_id = started["Location"].rstrip("/").split("/")[-2]
+    with tenant_context(tenant.id):
+        run = WorkflowInstance.objects.get(id=run_id)
+    assert (run.definition_name, run.definition_version, run.status) == ("shop-order", 1, "ready")
+    assert json.loads(run.input) == {"item": "book", "amount": 2}

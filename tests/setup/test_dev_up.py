@@ -156,6 +156,28 @@ def log_in(base: str, user: str, password: str) -> urllib.request.OpenerDirector
     return opener
 
 
+def start_from_the_admin(
+    opener: urllib.request.OpenerDirector, admin: str, name: str, input_json: str
+) -> str:
+    """ "Start a run" on the definition's page; returns the run id its page redirects to."""
+    listing = opener.open(f"{admin}workflows/workflowdefinition/", timeout=30).read().decode()
+    link = re.search(r'href="(/admin/workflows/workflowdefinition/\d+/change/)">' + name, listing)
+    assert link is not None, listing[:2000]
+    page_url = urllib.parse.urljoin(admin, link.group(1))
+    page = opener.open(page_url, timeout=30).read().decode()
+    token = re.search(r'name="csrfmiddlewaretoken" value="([^"]+)"', page)
+    assert token is not None and 'id="start-run-form"' in page
+    body = urllib.parse.urlencode(
+        {"csrfmiddlewaretoken": token.group(1), "op": "start", "input": input_json}
+    ).encode()
+    answer = opener.open(
+        urllib.request.Request(page_url, body, headers={"Referer": page_url}), timeout=30
+    )
+    found = re.search(r"/workflowinstance/([0-9a-f-]{36})/change/", answer.geturl())
+    assert found is not None, answer.geturl()
+    return found.group(1)
+
+
 def show(clone: Path, run_id: str) -> dict[str, Any]:
     shown = manage(clone, "show_workflow", run_id)
     assert shown.returncode == 0, shown.stderr
@@ -182,12 +204,13 @@ def test_dev_up_on_a_fresh_clone_gives_a_login_a_worker_and_working_commands(
     # Point 1: the printed login works.
     opener = log_in(f"http://127.0.0.1:{dev_up.port}", user, password)
 
-    # The docs' commands, after dev.py up, with nothing exported; the worker beside the
-    # admin runs the demo order to the end (it waits for "paid", then sleeps 2 s).
-    started = manage(clone, "start_workflow", "demo-order", '{"customer": "bo"}')
+    # A run started from the admin (the definition's page), the docs' commands with nothing
+    # exported, and the worker beside the admin running the demo order to its end (it waits
+    # for "paid", then sleeps 2 s).
+    run_id = start_from_the_admin(opener, url, "demo-order", '{"customer": "bo"}')
+    started = manage(clone, "start_workflow", "demo-order", '{"customer": "cy"}')
     assert started.returncode == 0, started.stderr
     assert "Traceback" not in started.stderr
-    run_id = started.stdout.strip().splitlines()[-1]
     deadline = time.monotonic() + 120
     while not (show(clone, run_id)["waiting_on"] or "").startswith("signals paid"):
         assert time.monotonic() < deadline, f"no worker ran {run_id}:\n{dev_up.output()}"

@@ -10,6 +10,7 @@ from datetime import UTC, datetime
 from typing import Any
 from uuid import UUID
 
+from django import forms
 from django.contrib import admin, messages
 from django.core.exceptions import PermissionDenied
 from django.core.paginator import Paginator
@@ -34,7 +35,7 @@ from workflows import definitions as defs
 from workflows import services as svc
 from workflows import timeline
 from workflows.console import charts, metrics
-from workflows.console.actions import ACTIONS, RunAction, parse_targets, perform
+from workflows.console.actions import ACTIONS, JSONTextField, RunAction, parse_targets, perform
 from workflows.console.display import (
     STATUS_COLOURS,
     age_text,
@@ -626,6 +627,10 @@ def definition_page(request: HttpRequest, object_id: str) -> HttpResponse:
         raise Http404(f"No definition {object_id!r} in this tenant.")
     here = definition_url(definition)
     can_change = request.user.has_perm("workflows.change_workflowdefinition")
+    if request.method == "POST" and request.POST.get("op") == "start":
+        if not can_operate(request):
+            raise PermissionDenied
+        return _start_run(request, tenant, definition, here)
     if request.method == "POST":
         if not can_change:
             raise PermissionDenied
@@ -669,10 +674,40 @@ def definition_page(request: HttpRequest, object_id: str) -> HttpResponse:
         ),
         "routing_form": RoutingForm(versions=[v.version for v in routable], weights=rules),
         "can_change": can_change,
+        "can_operate": can_operate(request),
+        "start_form": StartRunForm(),
         "runs_url": f"{changelist_url()}?definition={definition.name}",
         "opts": WorkflowDefinition._meta,
     }
     return _render(request, "console/definition.html", context)
+
+
+class StartRunForm(forms.Form):
+    input = JSONTextField(required=False, initial="{}", help_text="The run's input, as JSON.")
+
+
+def _start_run(
+    request: HttpRequest, tenant: Tenant, definition: WorkflowDefinition, here: str
+) -> HttpResponse:
+    """ "Start a run" on a version's page: a run of exactly this version, through the same
+    service as the API's start; a worker beside the admin picks it up."""
+    form = StartRunForm(request.POST)
+    if not form.is_valid():
+        messages.error(request, f"Run not started: {_form_errors(form)}")
+        return HttpResponseRedirect(here)
+    try:
+        instance, _ = svc.start_workflow(
+            tenant, definition.name, form.cleaned_data["input"], version=definition.version
+        )
+    except svc.ServiceError as exc:
+        messages.error(request, f"Run not started: {exc.message}")
+        return HttpResponseRedirect(here)
+    messages.success(
+        request,
+        f"Started run {instance.id} of {definition.name} v{definition.version}: a worker "
+        "(manage.py runworker) picks it up.",
+    )
+    return HttpResponseRedirect(instance_url(instance.id))
 
 
 def _definition_change(
