@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Set up and run cleat from a fresh checkout. Needs only Python 3.11+.
 
-    python3 dev.py up      # venv + deps, migrate, demo workflow, then admin + worker
+    python3 dev.py up      # venv + deps, .env, migrate, admin user, demo, then admin + worker
     python3 dev.py test    # venv + dev deps, services, ruff, mypy, the whole test suite
 
 Each command is idempotent: the virtual environment lives in ``.venv`` and is only
@@ -13,6 +13,7 @@ from __future__ import annotations
 import argparse
 import hashlib
 import os
+import secrets
 import shutil
 import subprocess
 import sys
@@ -64,17 +65,88 @@ def _with_includes(path: Path) -> list[Path]:
     return found
 
 
+# What the local set-up writes into .env (git-ignored) when it is missing there, so that
+# every `manage.py` command of the docs works after `dev.py up` without exporting anything.
+DOTENV = ROOT / ".env"
+DOTENV_HEADER = """\
+# Written by `python3 dev.py up` for local development (git-ignored: never commit it).
+# Settings read it for anything the environment does not set; edit it freely, dev.py only
+# adds what is missing. Production sets these in the environment instead (docs/production.md).
+"""
+
+
+def dotenv_defaults() -> dict[str, str]:
+    return {
+        "DEBUG": "1",
+        "SECRET_KEY": secrets.token_urlsafe(50),
+        # The password of the `admin` superuser `manage.py ensure_admin` creates.
+        "CLEAT_ADMIN_PASSWORD": secrets.token_urlsafe(12),
+        # The demo workflow's service, so the worker beside the admin completes its runs.
+        "CLEAT_SERVICES": """'{"demo": "workflows.demo"}'""",
+    }
+
+
+def read_dotenv(path: Path = DOTENV) -> dict[str, str]:
+    """KEY=VALUE lines (comments and blank lines skipped; one pair of quotes removed)."""
+    values: dict[str, str] = {}
+    if not path.is_file():
+        return values
+    for line in path.read_text().splitlines():
+        key, sep, value = line.strip().partition("=")
+        if not sep or key.startswith("#"):
+            continue
+        value = value.strip()
+        if len(value) >= 2 and value[0] == value[-1] and value[0] in "'\"":
+            value = value[1:-1]
+        values[key.strip()] = value
+    return values
+
+
+def ensure_dotenv(path: Path = DOTENV) -> dict[str, str]:
+    """Add to ``.env`` the local settings it lacks (creating it); returns its values."""
+    present = read_dotenv(path)
+    missing = {k: v for k, v in dotenv_defaults().items() if k not in present}
+    if missing:
+        text = path.read_text() if path.is_file() else DOTENV_HEADER
+        if text and not text.endswith("\n"):
+            text += "\n"
+        text += "".join(f"{key}={value}\n" for key, value in missing.items())
+        path.write_text(text)
+        path.chmod(0o600)
+        say(f"wrote {', '.join(missing)} to {path.name} (git-ignored)")
+    return read_dotenv(path)
+
+
 def cmd_up(args: argparse.Namespace) -> None:
     ensure_venv(["requirements.txt"])
-    env = {"DEBUG": os.environ.get("DEBUG", "1")}
+    settings = ensure_dotenv()
     say("applying migrations (SQLite in the project folder unless DATABASE_URL is set)")
-    run([PY, "manage.py", "migrate", "--noinput"], env=env)
+    run([PY, "manage.py", "migrate", "--noinput"])
+    say("making sure the admin user exists")
+    run([PY, "manage.py", "ensure_admin"])
     say("running the demo workflow")
-    run([PY, "manage.py", "demo"], env=env)
+    run([PY, "manage.py", "demo"])
+    url = f"http://127.0.0.1:{args.port}/admin/"
+    password = os.environ.get("CLEAT_ADMIN_PASSWORD") or settings.get("CLEAT_ADMIN_PASSWORD")
+    login = f"log in at {url} as admin, password {password} (CLEAT_ADMIN_PASSWORD in .env)"
     if args.no_serve:
+        say(login.replace("log in at", "after `manage.py runserver`, log in at"))
         return
-    say(f"admin at http://127.0.0.1:{args.port}/admin/  (Ctrl-C stops)")
-    run([PY, "manage.py", "runserver", f"127.0.0.1:{args.port}"], env=env, check=False)
+    say("starting a worker (manage.py runworker) beside the admin")
+    worker = subprocess.Popen([str(PY), "manage.py", "runworker"], cwd=ROOT)
+    try:
+        say(login)
+        say("Ctrl-C stops the admin and the worker")
+        run([PY, "manage.py", "runserver", f"127.0.0.1:{args.port}"], check=False)
+    except KeyboardInterrupt:
+        pass
+    finally:
+        worker.terminate()
+        try:
+            worker.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            worker.kill()
+            worker.wait()
 
 
 def ensure_mysql_client_headers() -> None:

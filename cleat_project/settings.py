@@ -17,7 +17,10 @@ from django.core.exceptions import ImproperlyConfigured
 BASE_DIR = Path(__file__).resolve().parent.parent
 
 env = environ.Env()
-_dotenv = BASE_DIR / ".env"
+# A `.env` file (`python3 dev.py up` writes one for local development) supplies what the
+# environment does not set. CLEAT_ENV_FILE names another file, or none when empty (the test
+# settings read none: the suite must not depend on a developer's local file).
+_dotenv = Path(env.str("CLEAT_ENV_FILE", default=str(BASE_DIR / ".env")) or "/nonexistent")
 if _dotenv.is_file():
     environ.Env.read_env(_dotenv)
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 import os
 
 os.environ.setdefault("DEBUG", "1")
+os.environ.setdefault("CLEAT_ENV_FILE", "")  # not the developer's .env (dev.py up writes one)
 
 from cleat_project.settings import *  # noqa: F403
 from cleat_project.settings import BASE_DIR, env

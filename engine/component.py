@@ -693,6 +693,15 @@ class ComponentBackend:
         if component is None:
             cache.misses += 1
             started = time.monotonic()
+            # Compiling a Python workflow's component takes seconds (~20 MB of CPython):
+            # say so before, or the first run of a new version looks hung.
+            log.info(
+                "compiling component %s… (%.1f MB) with wasmtime: the first run of a new "
+                "version waits for this (seconds); the result is cached%s",
+                sha[:12],
+                len(wasm) / 1e6,
+                f" in {path.parent}" if path is not None else " in memory only",
+            )
             try:
                 component = wc.Component(self.engine, wasm)
             except wasmtime.WasmtimeError as exc:

@@ -271,6 +271,54 @@ def is_forgettable_failed_call(event: Event) -> bool:
     return getattr(event, "status", AbiStatus.OK) in _RETRIED_STATUSES
 
 
+# How an operator's retry treats the run's last step (``retry_plan``).
+RETRY_REPLAY = "replay"
+RETRY_REEXECUTE_LAST_CALL = "reexecute_last_call"
+RETRY_MODES = (RETRY_REPLAY, RETRY_REEXECUTE_LAST_CALL)
+
+
+@dataclass(frozen=True)
+class RetryPlan:
+    """What an operator's retry of a failed or dead-lettered run will do."""
+
+    mode: str
+    forgets_step: int | None  # the last step, removed so it is executed again; None: replay all
+    effect: str  # for the operator: what the worker will do with the run
+
+
+def retry_plan(last: Event | None, mode: str = RETRY_REPLAY) -> RetryPlan:
+    """The one rule for an operator's retry, given the run's last recorded event.
+
+    ``replay`` (the default) forgets the last step only when it is an external call that
+    failed retryably (:func:`is_forgettable_failed_call`); anything else is replayed as
+    recorded, so a run that failed on a recorded answer fails the same way again unless its
+    code changed. ``reexecute_last_call`` also forgets a last external call that failed in
+    any other way (permanent, not found, denied: a service configured wrongly, since fixed),
+    so the worker makes that call again."""
+    if mode not in RETRY_MODES:
+        raise ValueError(f"retry mode must be one of {', '.join(RETRY_MODES)}, not {mode!r}")
+    if last is not None and last.TYPE in RETRIED_CALLS and not getattr(last, "streaming", False):
+        failed = getattr(last, "status", AbiStatus.OK) != AbiStatus.OK
+        if is_forgettable_failed_call(last) or (mode == RETRY_REEXECUTE_LAST_CALL and failed):
+            return RetryPlan(
+                mode,
+                last.step,
+                f"re-executes step {last.step}, {last.describe()}, which failed; the steps "
+                "before it are replayed from the history",
+            )
+        if failed:
+            return RetryPlan(
+                mode,
+                None,
+                f"replays the history, including the recorded failure of step {last.step} "
+                f"({last.describe()}): the run will fail the same way unless its code changed "
+                f"(retry with mode {RETRY_REEXECUTE_LAST_CALL!r} to make that call again)",
+            )
+    return RetryPlan(
+        mode, None, "replays the history as recorded and carries on from where it stopped"
+    )
+
+
 def outcome_kind(outcome: Outcome) -> tuple[str, str]:
     """The worker's one-word report of a segment's outcome and its detail."""
     if isinstance(outcome, Completed):

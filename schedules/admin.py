@@ -12,11 +12,12 @@ from typing import Any
 from django import forms
 from django.contrib import admin, messages
 from django.contrib.admin.helpers import ACTION_CHECKBOX_NAME
+from django.core.exceptions import PermissionDenied
 from django.db import transaction
 from django.db.models import QuerySet
-from django.http import HttpRequest, HttpResponse
+from django.http import HttpRequest, HttpResponse, HttpResponseNotAllowed, HttpResponseRedirect
 from django.template.response import TemplateResponse
-from django.urls import reverse
+from django.urls import URLPattern, path, reverse
 from django.utils import timezone as dj_timezone
 from django.utils.html import format_html, format_html_join
 from django.utils.safestring import mark_safe
@@ -139,16 +140,19 @@ def _describe(made: list[Delivery]) -> str:
 @admin.register(Schedule)
 class ScheduleAdmin(TenantScopedAdmin):
     form = ScheduleForm
+    # The change page adds "Trigger now" and "Pause" / "Resume" buttons to its tools.
+    change_form_template = "schedules/change_form.html"
+    # Short columns, so the list fits a 1280 px window: the next instant (the next five on
+    # the schedule's page; "disabled" for a paused schedule), the last run and the two
+    # policies by their codes.
     list_display = (
         "name",
         "workflow_name",
-        "cron",
+        "cron_column",
         "timezone",
-        "enabled",
-        "next_fire_times",
-        "last_run",
-        "misfire_policy",
-        "overlap_policy",
+        "next_fire",
+        "last_run_column",
+        "policies",
     )
     list_filter = ("enabled", "timezone", "misfire_policy", "overlap_policy")
     search_fields = ("name", "workflow_name", "cron", "notes")
@@ -177,6 +181,12 @@ class ScheduleAdmin(TenantScopedAdmin):
 
     @admin.display(description=f"next {PREVIEW_COUNT} fire times")
     def next_fire_times(self, obj: Schedule) -> str:
+        if obj.pk and not obj._state.adding:
+            # A form sent back with errors carries the rejected values: preview the
+            # schedule as saved, not an expression that did not validate.
+            obj = of_tenant(Schedule, obj.tenant_id).filter(pk=obj.pk).first() or obj
+        if not obj.cron:
+            return "shown once the schedule is saved with a valid cron expression"
         if not obj.enabled:
             return "disabled"
         try:
@@ -192,6 +202,65 @@ class ScheduleAdmin(TenantScopedAdmin):
             ((timing.local(t).strftime("%Y-%m-%d %H:%M %Z"),) for t in instants),
         )
 
+    @admin.display(description="cron", ordering="cron")
+    def cron_column(self, obj: Schedule) -> str:
+        return format_html("<code>{}</code>", obj.cron)
+
+    @admin.display(description="next fire", ordering="next_run_at")
+    def next_fire(self, obj: Schedule) -> str:
+        if not obj.enabled:
+            return "disabled"
+        if obj.next_run_at is None:
+            return "-"
+        try:
+            timing = obj.timing
+        except CronError as exc:
+            return f"cannot evaluate: {exc.message}"
+        instants = [obj.next_run_at, *timing.preview(obj.next_run_at, PREVIEW_COUNT - 1)]
+        shown = [timing.local(t).strftime("%Y-%m-%d %H:%M %Z") for t in instants]
+        # The next instant on the schedule's wall clock; the next five as its tooltip.
+        return format_html(
+            '<time datetime="{}" title="next {}: {}">{}</time>',
+            obj.next_run_at.isoformat(),
+            PREVIEW_COUNT,
+            ", ".join(shown),
+            timing.local(obj.next_run_at).strftime("%m-%d %H:%M %Z"),
+        )
+
+    @admin.display(description="policies (misfire / overlap)")
+    def policies(self, obj: Schedule) -> str:
+        return format_html(
+            '<span title="{} / {}">{} /<wbr> {}</span>',
+            obj.get_misfire_policy_display(),
+            obj.get_overlap_policy_display(),
+            obj.misfire_policy,
+            obj.overlap_policy,
+        )
+
+    @admin.display(description="last run", ordering="last_run_at")
+    def last_run_column(self, obj: Schedule) -> str:
+        if obj.last_run_id is None:
+            return "-"
+        url = reverse("admin:workflows_workflowinstance_change", args=[obj.last_run_id])
+        status = (
+            of_tenant(WorkflowInstance, obj.tenant_id)
+            .filter(id=obj.last_run_id)
+            .values_list("status", flat=True)
+            .first()
+        )
+        when = (
+            dj_timezone.localtime(obj.last_run_at).strftime("%m-%d %H:%M")
+            if obj.last_run_at
+            else ""
+        )
+        return format_html(
+            '<a href="{}"><code>{}…</code></a> {} ({})',
+            url,
+            str(obj.last_run_id)[:8],
+            when,
+            str(status).replace("_", "-") if status else "gone",
+        )
+
     @admin.display(description="last run")
     def last_run(self, obj: Schedule) -> str:
         if obj.last_run_id is None:
@@ -205,7 +274,11 @@ class ScheduleAdmin(TenantScopedAdmin):
         )
         when = obj.last_run_at.strftime("%Y-%m-%d %H:%M:%S UTC") if obj.last_run_at else ""
         return format_html(
-            '<a href="{}">{}</a> {} ({})', url, str(obj.last_run_id)[:8], when, status or "gone"
+            '<a href="{}">{}</a> {} ({})',
+            url,
+            str(obj.last_run_id)[:8],
+            when,
+            str(status).replace("_", "-") if status else "gone",
         )
 
     # --- saving through the services ---
@@ -232,6 +305,44 @@ class ScheduleAdmin(TenantScopedAdmin):
     def delete_queryset(self, request: HttpRequest, queryset: QuerySet[Schedule]) -> None:
         for schedule in queryset:
             services.delete_schedule(_tenant(), schedule.pk, operator=_operator(request))
+
+    # --- the change page's buttons ---
+
+    def get_urls(self) -> list[URLPattern]:
+        wrap = self.admin_site.admin_view
+        return [
+            path(
+                "<path:object_id>/do/<str:verb>/",
+                wrap(self.button_view),
+                name="schedules_schedule_button",
+            ),
+            *super().get_urls(),
+        ]
+
+    def button_view(self, request: HttpRequest, object_id: str, verb: str) -> HttpResponse:
+        """``Trigger now``, ``Pause`` and ``Resume`` on a schedule's page (POST only)."""
+        if request.method != "POST":
+            return HttpResponseNotAllowed(["POST"])
+        schedule = self.get_object(request, object_id)
+        if schedule is None or verb not in ("trigger", "pause", "resume"):
+            return self._get_obj_does_not_exist_redirect(request, self.opts, object_id)
+        if not self.has_change_permission(request, schedule):
+            raise PermissionDenied
+        try:
+            if verb == "trigger":
+                made = services.trigger_schedule(
+                    _tenant(), schedule.pk, operator=_operator(request)
+                )
+                self.message_user(request, f"{schedule.name}: triggered, {_describe(made)}.")
+            elif verb == "pause":
+                services.pause_schedule(_tenant(), schedule.pk, operator=_operator(request))
+                self.message_user(request, f"{schedule.name}: paused.")
+            else:
+                services.resume_schedule(_tenant(), schedule.pk, operator=_operator(request))
+                self.message_user(request, f"{schedule.name}: resumed.")
+        except ServiceError as exc:
+            self.message_user(request, f"{schedule.name}: {exc.message}", messages.ERROR)
+        return HttpResponseRedirect(reverse("admin:schedules_schedule_change", args=[schedule.pk]))
 
     # --- actions ---
 

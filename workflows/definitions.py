@@ -14,6 +14,7 @@ deprecate-then-purge order gives one last look before anything is deleted.
 
 from __future__ import annotations
 
+import difflib
 import math
 import random
 from collections.abc import Sequence
@@ -131,11 +132,28 @@ def resolve_definition(
             rules = list(RoutingRule.objects.filter(tenant_id=tenant.id, name=name, weight__gt=0))
             if rules:
                 routed = random.choices(rules, weights=[r.weight for r in rules])[0].version
+    if not deployed:
+        raise unknown_name(tenant, name, "definition")
     try:
         chosen = choose_version(name, deployed, version=version, preferred=routed)
     except NoSuchVersion as exc:
         raise NotFound(exc.message, field=exc.field) from None
     return defs.get(version=chosen)
+
+
+def unknown_name(tenant: Tenant, name: str, field: str) -> NotFound:
+    """The 404 for a definition name nothing is deployed under, with the nearest deployed
+    names when there are some: ``no workflow definition named 'ordr' (did you mean
+    'order'?)``."""
+    names = (
+        WorkflowDefinition.objects.filter(tenant_id=tenant.id)
+        .values_list("name", flat=True)
+        .distinct()
+        .order_by("name")[:10_000]
+    )
+    close = difflib.get_close_matches(name, list(names), n=3, cutoff=0.6)
+    hint = f" (did you mean {' or '.join(repr(c) for c in close)}?)" if close else ""
+    return NotFound(f"no workflow definition named {name!r}{hint}", field)
 
 
 # --- one version ---------------------------------------------------------------------------------
@@ -150,7 +168,7 @@ def get_definition(tenant: Tenant, name: str, version: int) -> WorkflowDefinitio
     )
     if found is None:
         if not WorkflowDefinition.objects.filter(tenant_id=tenant.id, name=name).exists():
-            raise NotFound(f"no workflow definition named {name!r}", "name")
+            raise unknown_name(tenant, name, "name")
         raise NotFound(f"{name} has no version {version}", "version")
     return found
 
@@ -292,7 +310,7 @@ def resolve_tag(tenant: Tenant, name: str, tag: str) -> WorkflowDefinition:
 
 def _require_name(tenant: Tenant, name: str) -> None:
     if not WorkflowDefinition.objects.filter(tenant_id=tenant.id, name=name).exists():
-        raise NotFound(f"no workflow definition named {name!r}", "name")
+        raise unknown_name(tenant, name, "name")
 
 
 # --- weighted routing ----------------------------------------------------------------------------

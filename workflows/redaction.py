@@ -14,7 +14,16 @@ from django.conf import settings
 from engine.redaction import REDACTED, Redactor
 from engine.storable import readable
 
-__all__ = ["REDACTED", "redacted_query_state", "redacted_text", "redacted_value", "redactor"]
+__all__ = [
+    "REDACTED",
+    "embedded_json",
+    "readable_payload",
+    "redacted_payload",
+    "redacted_query_state",
+    "redacted_text",
+    "redacted_value",
+    "redactor",
+]
 
 
 def redactor() -> Redactor:
@@ -54,3 +63,49 @@ def redacted_query_state(query_state: Any) -> dict[str, Any]:
         except ValueError:
             parsed[key] = value
     return dict(redacted_value(parsed))
+
+
+# A text field of an event that holds a JSON document (a call's request and response, a
+# signal's payload, a child's input...) starts like one; names, ids and messages do not.
+_JSON_STARTS = ("{", "[", '"')
+
+
+def embedded_json(value: Any) -> Any:
+    """``value`` with each string that holds a JSON object, array or string replaced by the
+    value it holds, so a display shows ``"req": {"sku": "book"}`` rather than
+    ``"req": "{\\"sku\\": \\"book\\"}"``. Other strings stay as they are."""
+    if isinstance(value, str):
+        if value[:1] in _JSON_STARTS:
+            try:
+                return json.loads(value)
+            except (ValueError, RecursionError):
+                return value
+        return value
+    if isinstance(value, dict):
+        return {key: embedded_json(item) for key, item in value.items()}
+    if isinstance(value, list):
+        return [embedded_json(item) for item in value]
+    return value
+
+
+def redacted_payload(text: str | None) -> Any:
+    """An event's stored payload (compact JSON, its text fields often JSON themselves) as
+    one JSON value with the JSON inside its fields parsed, sensitive values replaced. A
+    payload that is not JSON comes back as its redacted text."""
+    if not text:
+        return {}
+    try:
+        parsed = json.loads(text)
+    except (ValueError, RecursionError):
+        return redacted_text(text)
+    if not isinstance(parsed, dict):
+        return redacted_value(embedded_json(parsed))
+    return redacted_value({key: embedded_json(item) for key, item in parsed.items()})
+
+
+def readable_payload(text: str | None) -> str:
+    """:func:`redacted_payload` written as compact JSON text, for a page."""
+    value = redacted_payload(text)
+    if isinstance(value, str):
+        return value
+    return json.dumps(value, ensure_ascii=False, separators=(",", ":"))

@@ -38,7 +38,12 @@ from workflows.models import (
     name_validator,
 )
 from workflows.store import wake
-from workflows.store.lifecycle import close_instance, forget_failed_call, terminate_instance
+from workflows.store.lifecycle import (
+    close_instance,
+    forget_failed_call,
+    plan_retry,
+    terminate_instance,
+)
 from workflows.tenancy import tenant_context
 
 MAX_PAYLOAD_BYTES = 1024 * 1024
@@ -391,9 +396,22 @@ def resume_workflow(
 
 
 def retry_workflow(
-    tenant: Tenant, run_id: str, operator: str = "api", reason: str = ""
+    tenant: Tenant,
+    run_id: str,
+    operator: str = "api",
+    reason: str = "",
+    mode: str = lifecycle.RETRY_REPLAY,
 ) -> WorkflowInstance:
-    """Move a dead-lettered (or failed) run back to ready; it replays its history."""
+    """Move a dead-lettered (or failed) run back to ready; it replays its history.
+
+    ``mode`` (``engine.lifecycle.RETRY_MODES``): ``replay`` makes again only a last call that
+    failed retryably; ``reexecute_last_call`` makes again a last call that failed in any way
+    (a service configured wrongly, since fixed). What the retry does is on the returned
+    instance as ``retry_plan`` (an ``engine.lifecycle.RetryPlan``) and in the audit row."""
+    if mode not in lifecycle.RETRY_MODES:
+        raise InvalidInput(
+            f"mode must be one of {', '.join(lifecycle.RETRY_MODES)}, not {mode!r}", "mode"
+        )
     with tenant_context(tenant.id):
         instance = get_instance(tenant, run_id, lock=True)
         if instance.status not in (RunStatus.DEAD_LETTERED, RunStatus.FAILED):
@@ -401,17 +419,36 @@ def retry_workflow(
                 f"only failed or dead-lettered runs can be retried; {run_id} is {instance.status}",
                 "run_id",
             )
-        forgotten = forget_failed_call(instance)
+        plan = plan_retry(instance, mode)
+        forgotten = forget_failed_call(instance, mode)
         _audit(
             tenant,
             instance,
             "retry",
             operator,
             reason,
-            {"error_code": instance.error_code, "forgotten_step": forgotten},
+            {
+                "error_code": instance.error_code,
+                "mode": mode,
+                "forgotten_step": forgotten,
+                "effect": plan.effect,
+            },
         )
         _reopen(instance)
+    instance.retry_plan = plan  # type: ignore[attr-defined]
     return instance
+
+
+def retry_plan(
+    tenant: Tenant, run_id: str, mode: str = lifecycle.RETRY_REPLAY
+) -> lifecycle.RetryPlan:
+    """What :func:`retry_workflow` in ``mode`` would do to the run now (nothing changes)."""
+    if mode not in lifecycle.RETRY_MODES:
+        raise InvalidInput(
+            f"mode must be one of {', '.join(lifecycle.RETRY_MODES)}, not {mode!r}", "mode"
+        )
+    with tenant_context(tenant.id):
+        return plan_retry(get_instance(tenant, run_id), mode)
 
 
 def _reopen(instance: WorkflowInstance) -> None:

@@ -278,17 +278,27 @@ def build_items(rows: Sequence[EncodedEvent], start_ms: int) -> list[Item]:
     """The timeline items of a stored history (at most ``MAX_ROWS``)."""
     items: list[Item] = []
     vnow = start_ms
+    # After an operator's action (a retry, a resume...) the run starts a new segment: what
+    # follows began no earlier than the action, so a call made again after a retry is not
+    # drawn across the time the run sat dead-lettered or failed.
+    resumed_at: int | None = None
     for row in rows[:MAX_ROWS]:
         try:
             event = decode(row)
         except CodecError as exc:
             items.append(Item(row.step, "undecodable", str(exc), "event", row.ts, row.ts, "failed"))
             continue
-        item = _item(event, vnow)
+        since = vnow
+        if resumed_at is not None and not isinstance(event, AdminActionEvent):
+            since = min(max(vnow, resumed_at), event.ts)
+            resumed_at = None
+        item = _item(event, since)
         # What the run sent and received is shown the way the API shows it: redacted.
         items.append(
             replace(item, label=redacted_text(item.label), detail=redacted_text(item.detail))
         )
+        if isinstance(event, AdminActionEvent):
+            resumed_at = max(resumed_at or 0, event.ts)
         if event.ts > vnow and not isinstance(event, AdminActionEvent):
             # Admin actions carry wall time and are not guest steps: they do not move the
             # run's virtual clock (replay steps over them too).

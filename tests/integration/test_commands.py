@@ -169,10 +169,55 @@ def test_deploy_start_work_signal_work_show(tenant: Tenant, files: dict[str, Pat
     summary = show(run_id)
     assert summary["id"] == run_id
     assert summary["status"] == "done"
-    assert json.loads(summary["result"]) == [[0, '{"name":"go","payload":{"ok":true}}']]
+    assert summary["result"] == [[0, '{"name":"go","payload":{"ok":true}}']]
     assert (summary["error"], summary["error_code"], summary["waiting_on"]) == (None, None, None)
     with tenant_context(tenant.id):
         assert WorkflowInstance.objects.get(id=run_id).definition_version == 1
+
+
+def test_input_and_payload_as_arguments_as_the_docs_show(
+    tenant: Tenant, files: dict[str, Path]
+) -> None:
+    """``start_workflow NAME '{json}'`` and ``signal_workflow RUN SIGNAL '{json}'``, as
+    docs/python-workflows.md and the examples write them; giving both forms is refused."""
+    run("deploy_workflow", "approval", str(files["approval.wasm"]))
+    run_id = last_line(run("start_workflow", "approval", '{"sku": "book"}')[0])
+    with tenant_context(tenant.id):
+        assert json.loads(WorkflowInstance.objects.get(id=run_id).input) == {"sku": "book"}
+    with pytest.raises(CommandError, match="not both"):
+        run("start_workflow", "approval", "[1]", "--input", "[2]")
+    run("runworker", "--burst", "--concurrency", "1")
+    out, _ = run("signal_workflow", run_id, "go", '{"carrier": "ups"}')
+    assert run_id in out
+    with pytest.raises(CommandError, match="not both"):
+        run("signal_workflow", run_id, "go", "1", "--payload", "2")
+    run("runworker", "--burst", "--concurrency", "1")
+    summary = show(run_id)
+    assert summary["status"] == "done"
+    assert summary["result"] == [[0, '{"name":"go","payload":{"carrier":"ups"}}']]
+
+
+def test_show_workflow_prints_json_values_not_json_strings(tenant: Tenant) -> None:
+    """The result and the query state print as JSON values (no ``"{\"status\": ...}"``)."""
+    w = Wat()
+    w.run(
+        f"""
+    (drop (call $set_query_state {w.s("stage")} {w.js("done")}))
+    {w.reply(0, json.dumps({"status": "shipped"}))}"""
+    )
+    import wasmtime
+
+    from workflows.definitions import deploy_definition
+
+    deploy_definition(tenant, "shipper", wasmtime.wat2wasm(w.source()))
+    run_id = last_line(run("start_workflow", "shipper")[0])
+    run("runworker", "--burst", "--concurrency", "1")
+    out, _ = run("show_workflow", run_id)
+    summary = json.loads(out)
+    assert summary["status"] == "done", summary
+    assert summary["result"] == {"status": "shipped"}
+    assert summary["query_state"] == {"stage": "done"}
+    assert '\\"' not in out and '"{' not in out
 
 
 def test_the_commands_as_processes(tenant: Tenant, files: dict[str, Path]) -> None:
@@ -193,7 +238,7 @@ def test_the_commands_as_processes(tenant: Tenant, files: dict[str, Path]) -> No
     assert shown.returncode == 0, shown.stderr
     summary = json.loads(shown.stdout)
     assert (summary["id"], summary["status"], summary["error"]) == (run_id, "done", None)
-    assert json.loads(summary["result"]) == [[0, '{"name":"go","payload":"yes"}']]
+    assert summary["result"] == [[0, '{"name":"go","payload":"yes"}']]
     for process in (deployed, started, worked, signalled, shown):
         assert "Traceback" not in process.stderr
 

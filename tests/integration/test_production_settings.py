@@ -38,6 +38,7 @@ def _clean_env(tmp_path: Path, **extra: str) -> dict[str, str]:
     kept = ("PATH", "HOME", "LANG", "LC_ALL", "TMPDIR")
     env = {k: v for k, v in os.environ.items() if k in kept}
     env["DATABASE_URL"] = f"sqlite:///{tmp_path / 'db.sqlite3'}"
+    env["CLEAT_ENV_FILE"] = ""  # not a developer's .env
     env.update(extra)
     return env
 

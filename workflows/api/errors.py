@@ -111,6 +111,20 @@ def exception_handler(exc: Exception, context: dict[str, Any]) -> Response:
     elif isinstance(exc, exceptions.ParseError):
         status_code, message = status.HTTP_400_BAD_REQUEST, str(exc.detail)
         code = "invalid_json" if "JSON" in message else "malformed_request"
+    elif isinstance(exc, exceptions.UnsupportedMediaType):
+        status_code, code = exc.status_code, "unsupported_media_type"
+        message = str(exc.detail)
+        accepted = [
+            str(p.media_type)
+            for p in getattr(context.get("request"), "parsers", None) or []
+            if getattr(p, "media_type", None)
+        ]
+        others = [a for a in accepted if a != "application/json"]
+        if "application/json" in accepted:
+            message += " Send the body as JSON, with the header Content-Type: application/json"
+            message += f" (this endpoint also takes {', '.join(others)})." if others else "."
+        elif accepted:
+            message += f" This endpoint takes {', '.join(accepted)}."
     elif isinstance(exc, exceptions.APIException):
         status_code = exc.status_code
         code = str(getattr(exc.detail, "code", None) or exc.default_code)
@@ -144,8 +158,24 @@ def exception_handler(exc: Exception, context: dict[str, Any]) -> Response:
 
 @csrf_exempt  # a 404 is a 404 whatever the method; CSRF's HTML 403 would break the shape
 def not_found_view(request: HttpRequest, *args: Any, **kwargs: Any) -> JsonResponse:
-    """Any path under ``/api/`` that no route matches."""
-    return error_response(404, "not_found", f"No API endpoint at {request.path}.")
+    """Any path under ``/api/`` that no route matches; a path that matches without its
+    trailing slash says so (the API's paths have none)."""
+    message = f"No API endpoint at {request.path}."
+    if request.path.endswith("/") and _is_endpoint(request.path.rstrip("/")):
+        message += (
+            f" The API's paths have no trailing slash: {request.method} {request.path.rstrip('/')}"
+        )
+    return error_response(404, "not_found", message)
+
+
+def _is_endpoint(path: str) -> bool:
+    from django.urls import Resolver404, resolve
+
+    try:
+        match = resolve(path)
+    except Resolver404:
+        return False
+    return match.func is not not_found_view
 
 
 def handler404(request: HttpRequest, exception: Exception | None = None) -> Any:

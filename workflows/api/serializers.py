@@ -18,6 +18,7 @@ from drf_spectacular.types import OpenApiTypes
 from drf_spectacular.utils import extend_schema_field
 from rest_framework import serializers
 
+from engine import lifecycle
 from engine.errors import ErrorCode
 from engine.events import CodecError, EncodedEvent, decode
 from engine.storable import parse_readable, readable
@@ -35,7 +36,7 @@ from workflows.models import (
     WorkflowEvent,
     WorkflowInstance,
 )
-from workflows.redaction import redactor
+from workflows.redaction import embedded_json, redacted_payload, redactor
 
 INT32_MAX = 2**31 - 1
 INT32_MIN = -(2**31)
@@ -217,6 +218,25 @@ class ReasonSerializer(KnownFieldsOnly):
     )
 
 
+class RetryRequestSerializer(ReasonSerializer):
+    mode = serializers.ChoiceField(
+        choices=list(lifecycle.RETRY_MODES),
+        required=False,
+        default=lifecycle.RETRY_REPLAY,
+        help_text="`replay` (default): replay the history, making again only a last call "
+        "that failed retryably. `reexecute_last_call`: also make again a last call that "
+        "failed permanently (a service configured wrongly, since fixed).",
+    )
+
+
+class RetryPlanSerializer(serializers.Serializer):
+    mode = serializers.CharField()
+    forgets_step = serializers.IntegerField(
+        allow_null=True, help_text="The step executed again rather than replayed, if any."
+    )
+    effect = serializers.CharField(help_text="What the worker will do with the run.")
+
+
 class PurgeResultSerializer(serializers.Serializer):
     name = serializers.CharField()
     version = serializers.IntegerField()
@@ -347,6 +367,16 @@ class RunSerializer(serializers.ModelSerializer):
         return str(successor.id) if successor is not None else None
 
 
+class RetriedRunSerializer(RunSerializer):
+    """A retried run, as ``GET workflows/{run}`` shows it, with what its retry does."""
+
+    retry = RetryPlanSerializer(source="retry_plan", read_only=True)
+
+    class Meta(RunSerializer.Meta):
+        fields = [*RunSerializer.Meta.fields, "retry"]
+        read_only_fields = fields
+
+
 class StartRunSerializer(KnownFieldsOnly):
     definition = serializers.RegexField(NAME_PATTERN, max_length=128, help_text="Workflow name.")
     version = serializers.IntegerField(
@@ -469,7 +499,13 @@ class EventsQuerySerializer(serializers.Serializer):
 
 class EventSerializer(serializers.ModelSerializer):
     type = serializers.CharField(source="event_type", read_only=True)
-    payload = RedactedTextField(help_text="The stored payload: compact JSON with short keys.")
+    payload = RedactedTextField(
+        help_text="The stored payload, as the checksum covers it: compact JSON with short keys."
+    )
+    data = serializers.SerializerMethodField(
+        help_text="The payload as a JSON object, the JSON its fields hold parsed "
+        '(`"req": {"sku": "book"}`), sensitive values redacted.'
+    )
     pending = serializers.BooleanField(read_only=True, help_text="A write-ahead intent.")
     decoded = serializers.SerializerMethodField()
 
@@ -481,6 +517,7 @@ class EventSerializer(serializers.ModelSerializer):
             "type_code",
             "timestamp_ms",
             "payload",
+            "data",
             "checksum",
             "pending",
             "decoded",
@@ -500,6 +537,10 @@ class EventSerializer(serializers.ModelSerializer):
             },
         }
     )
+    @extend_schema_field({"description": "Any JSON value.", "readOnly": True})
+    def get_data(self, event: WorkflowEvent) -> Any:
+        return redacted_payload(event.payload)
+
     def get_decoded(self, event: WorkflowEvent) -> dict[str, Any] | None:
         if not self.context.get("decoded"):
             return None
@@ -517,7 +558,7 @@ class EventSerializer(serializers.ModelSerializer):
         }
         return {
             "description": redactor().string(decoded.describe()),
-            "fields": redactor().value(fields),
+            "fields": redactor().value(embedded_json(fields)),
         }
 
 

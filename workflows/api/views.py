@@ -298,7 +298,7 @@ class DefinitionViewSet(TenantViewSet):
             .values_list("version", "deprecated")
         )
         if not rows:
-            raise services.NotFound(f"no workflow definition named {name!r}", "name")
+            raise definitions.unknown_name(self.tenant, name, "name")
         tags = of_tenant(VersionTag, self.tenant).filter(name=name)
         rules = of_tenant(RoutingRule, self.tenant).filter(name=name)
         return Response(
@@ -740,14 +740,22 @@ class WorkflowViewSet(TenantViewSet):
 
     @extend_schema(
         summary="Retry a failed or dead-lettered run (it replays its history)",
-        request=s.ReasonSerializer,
-        responses=s.RunSerializer,
+        description="The answer is the run, with what the retry does (`retry.effect`): "
+        "by default the history is replayed, so a run that failed on a recorded permanent "
+        "failure fails again unless `mode` is `reexecute_last_call`.",
+        request=s.RetryRequestSerializer,
+        responses=s.RetriedRunSerializer,
     )
     @_errors(409)
     @action(detail=True, methods=["post"])
     def retry(self, request: Request, run_id: str) -> Response:
-        services.retry_workflow(self.tenant, run_id, self.operator, self._reason())
-        return self._respond(run_id)
+        body = self.validated(s.RetryRequestSerializer)
+        retried = services.retry_workflow(
+            self.tenant, run_id, self.operator, body["reason"], mode=body["mode"]
+        )
+        run = self._run(run_id)
+        run.retry_plan = retried.retry_plan  # type: ignore[attr-defined]
+        return Response(s.RetriedRunSerializer(run).data)
 
     @extend_schema(
         summary="Force-complete with a result (admin)",

@@ -25,6 +25,7 @@ from typing import Any
 
 from django import forms
 
+from engine import lifecycle
 from engine.errors import ErrorCode
 from engine.storable import json_text_fault
 from workflows import services as svc
@@ -61,6 +62,27 @@ class ActionForm(forms.Form):
         max_length=2000,
         widget=forms.Textarea(attrs={"rows": 2, "cols": 60}),
         help_text="Why: kept in the audit log (and in the run's history for most actions).",
+    )
+
+
+class RetryForm(ActionForm):
+    mode = forms.ChoiceField(
+        choices=[
+            (
+                lifecycle.RETRY_REPLAY,
+                "Replay the history (a last call that failed retryably is made again)",
+            ),
+            (
+                lifecycle.RETRY_REEXECUTE_LAST_CALL,
+                "Re-execute the last call, even if it failed permanently",
+            ),
+        ],
+        initial=lifecycle.RETRY_REPLAY,
+        required=False,
+        widget=forms.RadioSelect,
+        help_text="A run that failed because a service was configured wrongly replays that "
+        "recorded failure and fails again: once the configuration is fixed, re-execute the "
+        "last call.",
     )
 
 
@@ -128,7 +150,9 @@ def _re_replay(t: Tenant, run: str, gen: int, data: dict[str, Any], op: str) -> 
 
 
 def _retry(t: Tenant, run: str, gen: int, data: dict[str, Any], op: str) -> Any:
-    return svc.retry_workflow(t, run, operator=op, reason=data["reason"])
+    return svc.retry_workflow(
+        t, run, operator=op, reason=data["reason"], mode=data.get("mode") or "replay"
+    )
 
 
 def _terminate(t: Tenant, run: str, gen: int, data: dict[str, Any], op: str) -> Any:
@@ -165,7 +189,7 @@ ACTIONS: dict[str, RunAction] = {
             "Moves a failed or dead-lettered run back to ready with its attempts reset; a "
             "worker replays its history and carries on from where it stopped. Use it once the "
             "cause (a service outage, a bug fixed in a new version) is gone.",
-            ActionForm,
+            RetryForm,
             _CLOSED_BADLY,
             _retry,
         ),
@@ -291,11 +315,13 @@ def perform(
             with tenant_context(tenant.id):
                 if not action.generation_in_service:
                     _require_generation(tenant, target)
-                action.call(tenant, target.run_id, target.generation, data, operator)
+                done = action.call(tenant, target.run_id, target.generation, data, operator)
         except svc.ServiceError as exc:
             outcomes.append(Outcome(target.run_id, False, exc.message))
         else:
-            outcomes.append(Outcome(target.run_id, True, action.done_text))
+            plan = getattr(done, "retry_plan", None)
+            detail = f": {plan.effect}" if plan is not None else ""
+            outcomes.append(Outcome(target.run_id, True, action.done_text + detail))
     return outcomes
 
 

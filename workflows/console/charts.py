@@ -38,14 +38,20 @@ def _open(kind: str, width: int, height: int, title: str) -> list[str]:
     ]
 
 
-def bar_chart(title: str, bars: Sequence[Bar], *, width: int = 460) -> str:
-    """Horizontal bars, one per label."""
+def bar_chart(title: str, bars: Sequence[Bar], *, width: int = 460, empty: str = "") -> str:
+    """Horizontal bars, one per label; with no bars, the ``empty`` text in their place (a
+    blank panel reads as broken)."""
     row = 22
     label_w = 130
     height = 30 + row * max(1, len(bars)) + 8
     top = max([b.value for b in bars] or [0]) or 1
     plot = width - label_w - 150  # room for the value text after the longest bar
     out = _open("bars", width, height, title)
+    if not bars and empty:
+        out.append(
+            f'<text class="chart-empty" x="{width / 2:.0f}" y="{28 + 14}" text-anchor="middle" '
+            f'fill="#6b7280">{escape(empty)}</text>'
+        )
     for i, bar in enumerate(bars):
         y = 28 + i * row
         w = 0 if bar.value <= 0 else max(2.0, bar.value / top * plot)

@@ -19,6 +19,45 @@ STATUS_COLOURS = {
     "dead_lettered": "#9f1239",
     "terminated": "#4b5563",
 }
+# A ready run that is not due (it waits for a timer, a signal, a child...) reads as waiting.
+WAITING = "waiting"
+WAITING_COLOUR = "#6366f1"
+
+
+def status_label(status: str) -> str:
+    """A status as a person reads it, one spelling on every page: ``dead-lettered``."""
+    return str(status).replace("_", "-")
+
+
+def shown_status(status: str, waiting_on: Any, next_wake_at: datetime | None) -> str:
+    """The status a page shows for a run: ``waiting`` for a ready run that waits on
+    something and is not due yet (a run waiting a day for a signal is not "ready" to an
+    operator), else its stored status."""
+    if status != "ready" or not isinstance(waiting_on, dict) or not waiting_on.get("kind"):
+        return str(status)
+    if next_wake_at is not None and next_wake_at <= timezone.now():
+        return str(status)
+    return WAITING
+
+
+def instance_status(instance: Any) -> str:
+    return shown_status(
+        instance.status,
+        getattr(instance, "waiting_on", None),
+        getattr(instance, "next_wake_at", None),
+    )
+
+
+def size_text(size: int | None) -> str:
+    """A byte count for people: ``812 B``, ``4.2 KiB``, ``19.7 MiB``."""
+    if size is None:
+        return ""
+    value = float(size)
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if value < 1024 or unit == "GiB":
+            return f"{int(value)} {unit}" if unit == "B" else f"{value:.1f} {unit}"
+        value /= 1024
+    return f"{size} B"
 
 
 def clock_text(moment: datetime, now: datetime) -> str:
@@ -93,3 +132,17 @@ def pretty_json(text: str | None) -> str:
 
 def timedelta_s(delta: timedelta | None) -> float | None:
     return None if delta is None else delta.total_seconds()
+
+
+def detail_text(detail: Any) -> str:
+    """An audit row's detail for people: ``name: shop-order · version: 2`` (values that are
+    not text written as JSON), not a Python ``dict``'s repr."""
+    if not isinstance(detail, dict):
+        return "" if detail in (None, "") else json.dumps(detail, ensure_ascii=False)
+    parts = []
+    for key, value in detail.items():
+        if value is None or value == "":
+            continue
+        shown = value if isinstance(value, str) else json.dumps(value, ensure_ascii=False)
+        parts.append(f"{key.replace('_', ' ')}: {shown}")
+    return " · ".join(parts)

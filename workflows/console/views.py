@@ -10,6 +10,7 @@ from datetime import UTC, datetime
 from typing import Any
 from uuid import UUID
 
+from django import forms
 from django.contrib import admin, messages
 from django.core.exceptions import PermissionDenied
 from django.core.paginator import Paginator
@@ -28,12 +29,13 @@ from django.utils import timezone
 from django.utils.http import url_has_allowed_host_and_scheme
 from django.utils.safestring import mark_safe
 
+from engine import lifecycle
 from engine.events import CodecError, EncodedEvent, decode, verify
 from workflows import definitions as defs
 from workflows import services as svc
 from workflows import timeline
 from workflows.console import charts, metrics
-from workflows.console.actions import ACTIONS, RunAction, parse_targets, perform
+from workflows.console.actions import ACTIONS, JSONTextField, RunAction, parse_targets, perform
 from workflows.console.display import (
     STATUS_COLOURS,
     age_text,
@@ -57,7 +59,12 @@ from workflows.models import (
     WorkflowInstance,
     continue_chain,
 )
-from workflows.redaction import redacted_query_state, redacted_text, redacted_value
+from workflows.redaction import (
+    readable_payload,
+    redacted_query_state,
+    redacted_text,
+    redacted_value,
+)
 from workflows.tenancy import of_tenant
 
 EVENTS_PER_PAGE = 50
@@ -155,7 +162,7 @@ def _event_rows(page_rows: list[EncodedEvent], start_ms: int) -> list[dict[str, 
                 "step": stored.step,
                 "type": kind,
                 "summary": redacted_text(summary),
-                "payload": redacted_text(stored.payload),
+                "payload": readable_payload(stored.payload),
                 "offset": duration_text(max(0, stored.ts - start_ms) / 1000),
                 "at": datetime.fromtimestamp(stored.ts / 1000, UTC),
                 "checksum_ok": verify(stored),
@@ -260,7 +267,7 @@ def _report(request: HttpRequest, action: RunAction, outcomes: list[Any]) -> Non
     done = [o for o in outcomes if o.ok]
     if done:
         if len(done) == 1:
-            text = f"Run {done[0].run_id} {action.done_text}."
+            text = f"Run {done[0].run_id} {done[0].message}."
         else:
             text = f"{len(done)} runs {action.done_text}."
         messages.success(request, text)
@@ -292,12 +299,29 @@ def _confirmation(
             "targets": [f"{i.id}:{i.generation}" for i in instances],
             "bulk_action_name": bulk_action_name,
             "truncated": truncated,
+            "retry_plans": _retry_plans(request, action, instances),
             "cancel_url": instance_url(instances[0].id)
             if len(instances) == 1
             else changelist_url(),
         },
         status=status,
     )
+
+
+def _retry_plans(
+    request: HttpRequest, action: RunAction, instances: list[WorkflowInstance]
+) -> list[tuple[str, str]]:
+    """For a retry of one run: what each mode would do to it, for the confirmation page."""
+    if action.name != "retry" or len(instances) != 1:
+        return []
+    plans = []
+    for mode in lifecycle.RETRY_MODES:
+        try:
+            plan = svc.retry_plan(tenant_of(request), str(instances[0].id), mode)
+        except svc.ServiceError:
+            return []
+        plans.append((mode, plan.effect))
+    return plans
 
 
 def action_page(request: HttpRequest, object_id: str, name: str) -> HttpResponse:
@@ -435,6 +459,7 @@ def dashboard(request: HttpRequest) -> HttpResponse:
             for d in data.per_definition[:30]
             if d.finished_last_hour
         ],
+        empty="No run ended in the last hour.",
     )
     ready_bars = charts.bar_chart(
         "Ready queue per definition (due now)",
@@ -448,6 +473,7 @@ def dashboard(request: HttpRequest) -> HttpResponse:
             for d in data.per_definition[:30]
             if d.ready_depth
         ],
+        empty="Nothing is due: no run is waiting for a worker.",
     )
     context = {
         "title": "Dashboard" + (f": {definition}" if definition else ""),
@@ -472,7 +498,7 @@ def dashboard(request: HttpRequest) -> HttpResponse:
         "failure_chart": mark_safe(failure_bars),
         "ready_chart": mark_safe(ready_bars),
         "schedules_url": _schedules_url(),
-        "statuses": [s.value for s in RunStatus],
+        "statuses": [s.label for s in RunStatus],
         "definition_rows": [
             (d, [d.by_status.get(s.value, 0) for s in RunStatus]) for d in data.per_definition
         ],
@@ -601,6 +627,10 @@ def definition_page(request: HttpRequest, object_id: str) -> HttpResponse:
         raise Http404(f"No definition {object_id!r} in this tenant.")
     here = definition_url(definition)
     can_change = request.user.has_perm("workflows.change_workflowdefinition")
+    if request.method == "POST" and request.POST.get("op") == "start":
+        if not can_operate(request):
+            raise PermissionDenied
+        return _start_run(request, tenant, definition, here)
     if request.method == "POST":
         if not can_change:
             raise PermissionDenied
@@ -644,10 +674,40 @@ def definition_page(request: HttpRequest, object_id: str) -> HttpResponse:
         ),
         "routing_form": RoutingForm(versions=[v.version for v in routable], weights=rules),
         "can_change": can_change,
+        "can_operate": can_operate(request),
+        "start_form": StartRunForm(),
         "runs_url": f"{changelist_url()}?definition={definition.name}",
         "opts": WorkflowDefinition._meta,
     }
     return _render(request, "console/definition.html", context)
+
+
+class StartRunForm(forms.Form):
+    input = JSONTextField(required=False, initial="{}", help_text="The run's input, as JSON.")
+
+
+def _start_run(
+    request: HttpRequest, tenant: Tenant, definition: WorkflowDefinition, here: str
+) -> HttpResponse:
+    """ "Start a run" on a version's page: a run of exactly this version, through the same
+    service as the API's start; a worker beside the admin picks it up."""
+    form = StartRunForm(request.POST)
+    if not form.is_valid():
+        messages.error(request, f"Run not started: {_form_errors(form)}")
+        return HttpResponseRedirect(here)
+    try:
+        instance, _ = svc.start_workflow(
+            tenant, definition.name, form.cleaned_data["input"], version=definition.version
+        )
+    except svc.ServiceError as exc:
+        messages.error(request, f"Run not started: {exc.message}")
+        return HttpResponseRedirect(here)
+    messages.success(
+        request,
+        f"Started run {instance.id} of {definition.name} v{definition.version}: a worker "
+        "(manage.py runworker) picks it up.",
+    )
+    return HttpResponseRedirect(instance_url(instance.id))
 
 
 def _definition_change(

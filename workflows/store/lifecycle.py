@@ -35,7 +35,7 @@ from django.utils import timezone
 
 from engine import lifecycle
 from engine.errors import FenceLost, Refused
-from engine.events import EncodedEvent, decode, encode
+from engine.events import EncodedEvent, EventType, decode, encode
 from engine.session import ContinuedAsNew, Failed, SegmentResult, Suspended
 from engine.status import AbiStatus
 from engine.storage import RunRef
@@ -512,25 +512,52 @@ def _complete_in_one_message(
     return True
 
 
-def forget_failed_call(instance: WorkflowInstance) -> int | None:
-    """Delete the run's last event when it is an external call that failed retryably.
+# Operator annotations (admin actions) recorded after a run's last guest step.
+_ANNOTATION_CODES = frozenset({EventType.ADMIN_ACTION.code})
+
+
+def _last_guest_event(instance: WorkflowInstance) -> WorkflowEvent | None:
+    """The run's last event that is a guest step (the audit events of earlier retries and
+    other operator actions come after it), or None."""
+    for stored in WorkflowEvent.objects.filter(instance_id=instance.id).order_by("-step")[:100]:
+        if stored.type_code not in _ANNOTATION_CODES:
+            return stored
+    return None
+
+
+def plan_retry(
+    instance: WorkflowInstance, mode: str = lifecycle.RETRY_REPLAY
+) -> lifecycle.RetryPlan:
+    """What retrying ``instance`` in ``mode`` will do (``engine.lifecycle.retry_plan`` on
+    its last guest step)."""
+    last = _last_guest_event(instance)
+    if last is None or last.type_code not in lifecycle.RETRIED_CALL_CODES:
+        return lifecycle.retry_plan(None, mode)
+    event = decode(
+        EncodedEvent(last.step, last.type_code, last.timestamp_ms, last.payload, last.checksum)
+    )
+    return lifecycle.retry_plan(event, mode)
+
+
+def forget_failed_call(
+    instance: WorkflowInstance, mode: str = lifecycle.RETRY_REPLAY
+) -> int | None:
+    """Delete the run's last call when a retry in ``mode`` executes it again.
 
     Replay is deterministic: a retried run that replayed the recorded failure would fail the
     same way forever. Forgetting that one step makes the retry call the service again (an
     automatic retry at the same step, so with the same idempotency key; a retry from the
-    dead-letter queue after the operator's audit event). Returns the forgotten step, if any."""
-    last = WorkflowEvent.objects.filter(instance_id=instance.id).order_by("-step").first()
-    if last is None or last.type_code not in lifecycle.RETRIED_CALL_CODES:
+    dead-letter queue after the operator's audit event). Which step is forgotten is
+    ``engine.lifecycle.retry_plan``'s rule; operator annotations recorded after it (an
+    earlier retry's) go with it, so the history stays contiguous (the audit log keeps
+    them). Returns the forgotten step, if any."""
+    step = plan_retry(instance, mode).forgets_step
+    if step is None:
         return None
-    event = decode(
-        EncodedEvent(last.step, last.type_code, last.timestamp_ms, last.payload, last.checksum)
-    )
-    if not lifecycle.is_forgettable_failed_call(event):
-        return None
-    last.delete()
-    instance.event_count = last.step
-    WorkflowInstance.objects.filter(id=instance.id).update(event_count=last.step)
-    return last.step
+    WorkflowEvent.objects.filter(instance_id=instance.id, step__gte=step).delete()
+    instance.event_count = step
+    WorkflowInstance.objects.filter(id=instance.id).update(event_count=step)
+    return step
 
 
 def _successor(

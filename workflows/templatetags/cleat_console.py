@@ -7,6 +7,7 @@ from typing import Any
 
 from django import template
 
+from workflows.console import display
 from workflows.redaction import redacted_text
 
 register = template.Library()
@@ -15,3 +16,20 @@ register = template.Library()
 @register.filter
 def redacted(value: Any) -> str:
     return "" if value is None else redacted_text(str(value))
+
+
+@register.filter
+def status_label(value: Any) -> str:
+    """``dead_lettered`` -> ``dead-lettered``: one spelling of a status on every page."""
+    return display.status_label(str(value))
+
+
+@register.filter
+def run_status(instance: Any) -> str:
+    """The status a page shows for a run (``waiting`` for a ready run not yet due)."""
+    return display.instance_status(instance)
+
+
+@register.filter
+def size_text(value: Any) -> str:
+    return display.size_text(value if isinstance(value, int) else None)

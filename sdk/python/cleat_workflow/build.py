@@ -26,7 +26,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -270,11 +270,14 @@ def build_component(
     cache: Path | None = None,
     python_path: Sequence[Path | str] = (),
     force: bool = False,
+    progress: Callable[[str], None] | None = None,
 ) -> BuildResult:
     """Build ``app`` (a Python file with ``@workflow`` functions) into a component.
 
     Returns the cached component (copied to ``output`` too when given). Raises BuildError
-    with a readable message when the app cannot be built.
+    with a readable message when the app cannot be built. A build that is not in the cache
+    takes tens of seconds: ``progress`` (default: a line on stderr) is told when it starts
+    and ends.
     """
     started = time.monotonic()
     app = Path(app).resolve()
@@ -305,6 +308,12 @@ def build_component(
         with contextlib.suppress(OSError):
             os.utime(cached)
     else:
+        say = progress or _to_stderr
+        say(
+            f"building {app.name} into a component with componentize-py (not in the build "
+            f"cache {directory}: this takes a while, about 20 s or more; the same sources "
+            "are built once)"
+        )
         try:
             _componentize(app, module, extra, directory, cached)
         except GuestCodeError as exc:
@@ -312,6 +321,7 @@ def build_component(
             _write_text(failure, text)
             raise BuildError(exc.message) from None
         prune_cache(directory, budget, keep=[key])
+        say(f"built {app.name} in {time.monotonic() - started:.0f} s")
     if output is not None:
         target = Path(output)
         target.parent.mkdir(parents=True, exist_ok=True)
@@ -323,6 +333,10 @@ def build_component(
         seconds=time.monotonic() - started,
         sources=sources,
     )
+
+
+def _to_stderr(message: str) -> None:
+    print(f"cleat: {message}", file=sys.stderr, flush=True)
 
 
 def _componentize(

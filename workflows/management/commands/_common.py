@@ -36,6 +36,15 @@ def tenant_from(options: dict[str, Any]) -> Tenant:
         ) from None
 
 
+def one_of(options: dict[str, Any], positional: str, option: str) -> str | None:
+    """A JSON value that may be given as a positional argument or as ``--option``: the one
+    given (both is an error rather than a silent choice)."""
+    given, named = options.get(positional), options.get(option)
+    if given is not None and named is not None:
+        raise CommandError(f"give the {option} once: as an argument or with --{option}, not both")
+    return given if given is not None else named
+
+
 def parse_json_option(value: str | None, name: str) -> Any:
     if value is None:
         return None

@@ -1,4 +1,7 @@
-"""``manage.py start_workflow NAME``: start a run; prints its id as the last line."""
+"""``manage.py start_workflow NAME [INPUT]``: start a run; prints its id as the last line.
+
+The input is JSON, given as the second argument (``start_workflow order '{"sku": "book"}'``)
+or with ``--input``; not both."""
 
 from __future__ import annotations
 
@@ -10,6 +13,7 @@ from workflows.management.commands._common import (
     VersionOptionMixin,
     add_tenant_argument,
     fail,
+    one_of,
     parse_json_option,
     tenant_from,
 )
@@ -21,9 +25,12 @@ class Command(VersionOptionMixin, BaseCommand):
 
     def add_arguments(self, parser: CommandParser) -> None:
         parser.add_argument("name")
+        parser.add_argument(
+            "input_json", nargs="?", default=None, metavar="INPUT", help="JSON input"
+        )
         parser.add_argument("--version", type=int, default=None, dest="def_version")
         parser.add_argument("--tag", default=None)
-        parser.add_argument("--input", default=None, help="JSON input")
+        parser.add_argument("--input", default=None, help="JSON input (or give it after NAME)")
         parser.add_argument("--idempotency-key", default=None)
         parser.add_argument("--priority", type=int, default=0)
         parser.add_argument("--task-queue", default="default")
@@ -31,7 +38,7 @@ class Command(VersionOptionMixin, BaseCommand):
 
     def handle(self, *args: Any, **options: Any) -> None:
         tenant = tenant_from(options)
-        payload = parse_json_option(options["input"], "input")
+        payload = parse_json_option(one_of(options, "input_json", "input"), "input")
         try:
             instance, created = start_workflow(
                 tenant,

@@ -1,0 +1,140 @@
+"""The console at 1280x800 in Chromium: the runs, schedules and definitions lists show every
+column whole (none clipped, the page does not scroll sideways, the cron text on one line),
+and the screenshots of docs/operations.md are taken here.
+
+``CLEAT_UPDATE_DOCS_SCREENSHOTS=1`` copies the screenshots to ``docs/screenshots/``.
+"""
+
+from __future__ import annotations
+
+from datetime import timedelta
+from typing import Any
+
+import pytest
+from django.contrib.auth import get_user_model
+from django.utils import timezone
+from selenium.webdriver.common.by import By
+from selenium.webdriver.remote.webdriver import WebDriver
+
+from schedules import services as schedules
+from tests.browser import scenario
+from tests.browser.test_console_chromium import PASSWORD, browser, screenshot, wait_for
+
+pytestmark = [pytest.mark.browser, pytest.mark.django_db(transaction=True)]
+
+__all__ = ["browser"]  # the fixture, shared with the operator session's test
+
+SIZE = (1280, 800)
+
+# For each cell and header of the list: whether its content is cut (wider than the cell,
+# or beyond the right edge of the window), and whether the page or the list scrolls sideways.
+LAYOUT = """
+const table = document.querySelector('#result_list');
+if (!table) { return {missing: true}; }
+const view = document.documentElement.clientWidth;
+const clipped = [];
+const heads = [...table.querySelectorAll('thead th')].map(th => th.innerText.trim());
+for (const row of table.querySelectorAll('tr')) {
+  [...row.children].forEach((cell, i) => {
+    const box = cell.getBoundingClientRect();
+    if (cell.scrollWidth > cell.clientWidth + 1 || box.right > view + 0.5) {
+      clipped.push((heads[i] || ('column ' + i)) + ': ' + cell.innerText.trim().slice(0, 40));
+    }
+  });
+}
+const wrap = table.closest('.results') || table.parentElement;
+return {
+  clipped: clipped,
+  page_overflow: document.documentElement.scrollWidth - view,
+  list_overflow: wrap.scrollWidth - wrap.clientWidth,
+  headers: heads,
+};
+"""
+
+
+def layout(driver: WebDriver) -> dict[str, Any]:
+    found = driver.execute_script(LAYOUT)
+    assert isinstance(found, dict) and not found.get("missing"), "no #result_list on the page"
+    return found
+
+
+def assert_no_clipped_column(driver: WebDriver, page: str) -> dict[str, Any]:
+    found = layout(driver)
+    assert found["clipped"] == [], f"{page}: clipped cells {found['clipped']}"
+    assert found["page_overflow"] <= 0, f"{page}: the page scrolls sideways by {found}"
+    assert found["list_overflow"] <= 0, f"{page}: the list scrolls sideways by {found}"
+    return found
+
+
+def set_viewport(driver: WebDriver, width: int, height: int) -> None:
+    """Size the window so that the page itself (the viewport) is ``width`` x ``height``."""
+    driver.set_window_size(width, height)
+    inner = driver.execute_script("return [window.innerWidth, window.innerHeight]")
+    driver.set_window_size(2 * width - inner[0], 2 * height - inner[1])
+    inner = driver.execute_script("return [window.innerWidth, window.innerHeight]")
+    assert inner == [width, height], f"the viewport is {inner}, not {width}x{height}"
+
+
+def schedules_world(tenant: Any) -> None:
+    now = timezone.now()
+    schedules.create_schedule(
+        tenant,
+        name="nightly-invoices",
+        workflow_name="shop-order",
+        cron="30 2 * * 1-5",
+        timezone="Europe/Paris",
+        input='{"item": "invoice", "amount": 1}',
+        now=now - timedelta(days=1),
+    )
+    hourly = schedules.create_schedule(
+        tenant,
+        name="hourly-stock-check",
+        workflow_name="shop-order",
+        cron="0 */1 * * *",
+        timezone="America/New_York",
+        input='{"item": "stock", "amount": 0}',
+    )
+    schedules.trigger_schedule(tenant, hourly.pk)
+
+
+def test_lists_show_every_column_at_1280_by_800(
+    live_server: Any, browser: WebDriver, tenant: Any
+) -> None:
+    scenario.OUTAGES.clear()
+    scenario.populate(tenant)
+    schedules_world(tenant)
+    get_user_model().objects.create_superuser("operator", "op@example.com", PASSWORD)
+    set_viewport(browser, *SIZE)
+    url = live_server.url
+    browser.get(f"{url}/admin/login/?next=/admin/")
+    browser.find_element(By.NAME, "username").send_keys("operator")
+    browser.find_element(By.NAME, "password").send_keys(PASSWORD)
+    browser.find_element(By.CSS_SELECTOR, "input[type=submit]").click()
+    wait_for(browser, "#content")
+
+    browser.get(f"{url}/admin/workflows/workflowinstance/")
+    wait_for(browser, "#result_list")
+    screenshot(browser, "runs", ["#result_list"])
+    runs = assert_no_clipped_column(browser, "runs")
+    assert {"error code", "created at"} <= {h.lower() for h in runs["headers"]}, runs
+
+    browser.get(f"{url}/admin/schedules/schedule/")
+    wait_for(browser, "#result_list")
+    screenshot(browser, "schedules", ["#result_list"])
+    assert_no_clipped_column(browser, "schedules")
+    for cron in browser.find_elements(By.CSS_SELECTOR, "#result_list td.field-cron_column"):
+        lines = browser.execute_script(
+            "const r = document.createRange(); r.selectNodeContents(arguments[0]);"
+            "return new Set([...r.getClientRects()].map(b => Math.round(b.top))).size;",
+            cron,
+        )
+        assert lines == 1, f"the cron {cron.text!r} wraps onto {lines} lines"
+
+    browser.get(f"{url}/admin/workflows/workflowdefinition/")
+    wait_for(browser, "#result_list")
+    screenshot(browser, "definitions", ["#result_list"])
+    assert_no_clipped_column(browser, "definitions")
+    sizes = [
+        c.text for c in browser.find_elements(By.CSS_SELECTOR, "#result_list td.field-size_column")
+    ]
+    assert sizes and all(s.endswith(("B", "KiB", "MiB")) for s in sizes), sizes
