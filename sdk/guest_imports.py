@@ -168,8 +168,8 @@ def assemblyscript(imp: HostImport) -> list[str]:
 TARGETS: dict[str, Callable[[HostImport], list[str]]] = {
     "sdk/rust/cleat/src/sys.rs": rust,
     "sdk/c/cleat.h": c,
-    # "sdk/zig/cleat.zig": zig,
-    # "sdk/assemblyscript/assembly/sys.ts": assemblyscript,
+    "sdk/zig/cleat.zig": zig,
+    "sdk/assemblyscript/assembly/sys.ts": assemblyscript,
 }
 
 
