@@ -110,17 +110,18 @@ def ensure_chromium() -> None:
 def ensure_rust_wasm32() -> None:
     """Rust workflows (sdk/rust, tests/*/test_guest_sdks*) are built with Debian's rustc and
     its wasm32 standard library: a rustup toolchain has no wasm32-unknown-unknown std."""
-    if Path("/usr/bin/rustc").exists() and Path("/usr/lib/rustlib/wasm32-unknown-unknown").is_dir():
+    wasm32_std = Path("/usr/lib/rustlib/wasm32-unknown-unknown")
+    if Path("/usr/bin/rustc").exists() and Path("/usr/bin/cargo").exists() and wasm32_std.is_dir():
         return
     if shutil.which("apt-get") is None or os.geteuid() != 0:
         sys.exit(
-            "the guest SDK tests need Debian's Rust for wasm32: install rustc and "
+            "the guest SDK tests need Debian's Rust for wasm32: install rustc, cargo and "
             "libstd-rust-dev-wasm32 (Debian/Ubuntu), then run this again"
         )
-    say("installing rustc and libstd-rust-dev-wasm32 (for the Rust workflow SDK)")
+    say("installing rustc, cargo and libstd-rust-dev-wasm32 (for the Rust workflow SDK)")
     env = {"DEBIAN_FRONTEND": "noninteractive"}
     run(["apt-get", "update", "-qq"], env=env)
-    run(["apt-get", "install", "-y", "-qq", "rustc", "libstd-rust-dev-wasm32"], env=env)
+    run(["apt-get", "install", "-y", "-qq", "rustc", "cargo", "libstd-rust-dev-wasm32"], env=env)
 
 
 AS_SDK = ROOT / "sdk" / "assemblyscript"

@@ -328,7 +328,9 @@ def _build_rust(source: Path, out: Path, tmp: Path, toolchain: str, say: Progres
 
 def _build_cargo(source: Path, out: Path, tmp: Path, toolchain: str, say: Progress) -> None:
     project = source if source.is_dir() else source.parent
-    cargo = os.environ.get("CLEAT_CARGO") or shutil.which("cargo")
+    # Debian's cargo goes with Debian's rustc (a rustup cargo asks rustc for newer things).
+    debian = "/usr/bin/cargo" if Path("/usr/bin/cargo").exists() else None
+    cargo = os.environ.get("CLEAT_CARGO") or debian or shutil.which("cargo")
     if cargo is None:
         raise BuildError("a Cargo.toml project needs cargo: apt-get install cargo")
     env = {"RUSTC": rustc(), "CARGO_TARGET_DIR": str(tmp / "target")}

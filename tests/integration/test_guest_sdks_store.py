@@ -7,6 +7,7 @@ MariaDB. The modules come from the guest build cache (``workflows.guest_build``)
 from __future__ import annotations
 
 import io
+import json
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -18,7 +19,7 @@ from engine.errors import PermanentError
 from tests.fixtures import FakeService
 from tests.fixtures.guests import LANGUAGES, built_example, example
 from workflows import guest_build
-from workflows.models import RunStatus, WorkflowDefinition
+from workflows.models import RunStatus, WorkflowDefinition, WorkflowInstance
 from workflows.tenancy import tenant_context
 from workflows.testing import DatabaseWorkflowEnvironment
 
@@ -63,6 +64,18 @@ def test_build_and_deploy_commands_store_a_core_module(
         definition = WorkflowDefinition.objects.get(tenant=tenant, name="order_saga")
     assert definition.kind == "core"
     assert "run" in definition.entry_points
+
+    # docs/guest-sdks.md's start command.
+    out = io.StringIO()
+    order = '{"order_id": "A-1", "sku": "book", "qty": 1, "amount_cents": 1299}'
+    call_command("start_workflow", "order_saga", "--input", order, stdout=out)
+    run_id = out.getvalue().strip().splitlines()[-1]
+    with tenant_context(tenant.id):
+        instance = WorkflowInstance.objects.get(id=run_id)
+    assert (instance.definition.name, json.loads(instance.input)) == (
+        "order_saga",
+        json.loads(order),
+    )
 
 
 def test_a_broken_c_source_is_a_command_error_with_the_compilers_words(tmp_path: Path) -> None:

@@ -10,14 +10,16 @@ import pytest
 from engine.errors import PermanentError
 from engine.testing import WorkflowEnvironment
 from tests.fixtures import FakeService, assert_replays_quietly, event_types, wait_of
-from tests.fixtures.guests import LANGUAGES, built_example
+from tests.fixtures.guests import CARGO_SAGA, LANGUAGES, built, built_example
 
 DAY_S = 86_400
 ORDER = {"order_id": "A-1", "sku": "book", "qty": 1, "amount_cents": 1299}
 
 
-@pytest.fixture(params=LANGUAGES)
+@pytest.fixture(params=[*LANGUAGES, "cargo"])
 def saga(request: pytest.FixtureRequest) -> bytes:
+    if request.param == "cargo":
+        return built(CARGO_SAGA)
     return built_example(request.param, "order_saga")
 
 
