@@ -6,11 +6,13 @@ from __future__ import annotations
 import datetime as dt
 
 import pytest
+import wasmtime
 
+from engine.abi import IMPORTS, IMPORTS_BY_NAME, wasm_param_types
 from engine.errors import PermanentError
 from engine.testing import WorkflowEnvironment
 from tests.fixtures import FakeService, assert_replays_quietly, event_types, wait_of
-from tests.fixtures.guests import CARGO_SAGA, LANGUAGES, built, built_example
+from tests.fixtures.guests import CARGO_SAGA, LANGUAGES, ROOT, built, built_example
 
 DAY_S = 86_400
 ORDER = {"order_id": "A-1", "sku": "book", "qty": 1, "amount_cents": 1299}
@@ -110,3 +112,41 @@ def test_a_failing_charge_is_retried_durably_then_compensated(saga: bytes) -> No
     assert [c.attempt for c in services["payments"].calls] == [1, 2, 3]
     assert services["inventory"].ops() == ["reserve", "release"]
     assert_replays_quietly(env, run, watch=services.values())
+
+
+# --- every wrapper compiles, and imports the host function it wraps ---------------------------
+
+CHECKS = ROOT / "tests" / "fixtures" / "guest_checks"
+
+
+def _imports(wasm: bytes) -> dict[str, tuple[list[str], list[str]]]:
+    module = wasmtime.Module(wasmtime.Engine(), wasm)
+    found = {}
+    for imp in module.imports:
+        assert imp.module == "env", imp.module
+        func = imp.type
+        assert isinstance(func, wasmtime.FuncType), imp.name
+        found[imp.name] = ([str(p) for p in func.params], [str(r) for r in func.results])
+    return found
+
+
+def test_every_assemblyscript_wrapper_imports_its_host_function_with_the_abis_types() -> None:
+    """The check module exports the whole SDK, so asc compiles every wrapper; each one's
+    import must be the host's, with the signature the host links."""
+    found = _imports(built(CHECKS / "sdk_check.ts"))
+    expected = {imp.name: (wasm_param_types(imp.params), ["i64"]) for imp in IMPORTS}
+    assert found == expected
+
+
+def test_every_declaration_of_the_zig_sdk_compiles_and_deploys() -> None:
+    wasm = built(CHECKS / "sdk_check.zig")
+    env = WorkflowEnvironment({})
+    env.deploy("check", wasm)
+    assert env.result(env.run("check", {"echo": [1, "two"]})) == {"echo": [1, "two"]}
+
+
+@pytest.mark.parametrize("language", LANGUAGES)
+def test_each_saga_imports_only_host_functions_with_the_abis_types(language: str) -> None:
+    for name, (params, results) in _imports(built_example(language, "order_saga")).items():
+        imp = IMPORTS_BY_NAME[name]
+        assert (params, results) == (wasm_param_types(imp.params), ["i64"]), name
