@@ -205,7 +205,10 @@ pub fn write_str(out: &mut String, s: &str) {
             '\u{8}' => out.push_str("\\b"),
             '\u{c}' => out.push_str("\\f"),
             c if (c as u32) < 0x20 => {
-                let _ = write!(out, "\\u{:04x}", c as u32);
+                const HEX: &[u8; 16] = b"0123456789abcdef";
+                out.push_str("\\u00");
+                out.push(HEX[(c as usize) >> 4] as char);
+                out.push(HEX[(c as usize) & 15] as char);
             }
             c => out.push(c),
         }
@@ -213,18 +216,38 @@ pub fn write_str(out: &mut String, s: &str) {
     out.push('"');
 }
 
+/// Decimal digits of `n` (without `core::fmt`, which would add kilobytes to every module).
+pub fn write_int(out: &mut String, n: i64) {
+    let mut digits = [0u8; 20];
+    let mut i = digits.len();
+    let mut u = n.unsigned_abs();
+    loop {
+        i -= 1;
+        digits[i] = b'0' + (u % 10) as u8;
+        u /= 10;
+        if u == 0 {
+            break;
+        }
+    }
+    if n < 0 {
+        out.push('-');
+    }
+    for &d in &digits[i..] {
+        out.push(d as char);
+    }
+}
+
 fn write_value(out: &mut String, v: &Value) {
     match v {
         Value::Null => out.push_str("null"),
         Value::Bool(true) => out.push_str("true"),
         Value::Bool(false) => out.push_str("false"),
-        Value::Int(n) => {
-            let _ = write!(out, "{}", n);
-        }
+        Value::Int(n) => write_int(out, *n),
         Value::Float(f) => {
             if f.is_finite() {
                 if is_whole(*f) {
-                    let _ = write!(out, "{:.1}", f);
+                    write_int(out, *f as i64);
+                    out.push_str(".0");
                 } else {
                     let _ = write!(out, "{}", f);
                 }

@@ -434,20 +434,30 @@ pub fn iso8601(ms: i64) -> String {
     let day = doy - (153 * mp + 2) / 5 + 1;
     let month = if mp < 10 { mp + 3 } else { mp - 9 };
     let year = yoe + era * 400 + if month <= 2 { 1 } else { 0 };
-    let mut out = alloc::format!(
-        "{:04}-{:02}-{:02}T{:02}:{:02}:{:02}",
-        year,
-        month,
-        day,
-        rem / 3600,
-        rem % 3600 / 60,
-        rem % 60
-    );
+    let mut out = String::new();
+    let fields = [(year, 4, '-'), (month, 2, '-'), (day, 2, 'T'), (rem / 3600, 2, ':'), (rem % 3600 / 60, 2, ':'), (rem % 60, 2, ' ')];
+    for (value, width, after) in fields {
+        pad(&mut out, value, width);
+        if after != ' ' {
+            out.push(after);
+        }
+    }
     if millis != 0 {
-        out.push_str(&alloc::format!(".{:03}000", millis));
+        out.push('.');
+        pad(&mut out, millis, 3);
+        out.push_str("000");
     }
     out.push_str("+00:00");
     out
+}
+
+fn pad(out: &mut String, value: i64, width: usize) {
+    let mut digits = String::new();
+    json::write_int(&mut digits, value);
+    for _ in digits.len()..width {
+        out.push('0');
+    }
+    out.push_str(&digits);
 }
 
 /// A deterministic random value (the n-th call of a run is the same in every segment).
