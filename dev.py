@@ -179,9 +179,55 @@ def ensure_chromium() -> None:
     run(["apt-get", "install", "-y", "-qq", "chromium", "chromium-driver"], env=env)
 
 
+def ensure_rust_wasm32() -> None:
+    """Rust workflows (sdk/rust, tests/*/test_guest_sdks*) are built with Debian's rustc and
+    its wasm32 standard library: a rustup toolchain has no wasm32-unknown-unknown std."""
+    wasm32_std = Path("/usr/lib/rustlib/wasm32-unknown-unknown")
+    if Path("/usr/bin/rustc").exists() and Path("/usr/bin/cargo").exists() and wasm32_std.is_dir():
+        return
+    if shutil.which("apt-get") is None or os.geteuid() != 0:
+        sys.exit(
+            "the guest SDK tests need Debian's Rust for wasm32: install rustc, cargo and "
+            "libstd-rust-dev-wasm32 (Debian/Ubuntu), then run this again"
+        )
+    say("installing rustc, cargo and libstd-rust-dev-wasm32 (for the Rust workflow SDK)")
+    env = {"DEBIAN_FRONTEND": "noninteractive"}
+    run(["apt-get", "update", "-qq"], env=env)
+    run(["apt-get", "install", "-y", "-qq", "rustc", "cargo", "libstd-rust-dev-wasm32"], env=env)
+
+
+AS_SDK = ROOT / "sdk" / "assemblyscript"
+
+
+def ensure_assemblyscript() -> None:
+    """AssemblyScript workflows are built with asc from sdk/assemblyscript's lock file
+    (``npm ci``), re-installed only when the lock file changes."""
+    lock = AS_SDK / "package-lock.json"
+    stamp = AS_SDK / "node_modules" / ".cleat-lock"
+    digest = hashlib.sha256(lock.read_bytes()).hexdigest()
+    if stamp.exists() and stamp.read_text() == digest:
+        return
+    if shutil.which("npm") is None:
+        if shutil.which("apt-get") is None or os.geteuid() != 0:
+            sys.exit(
+                "the AssemblyScript SDK tests need npm: install Node.js and npm, then run "
+                "this again"
+            )
+        say("installing npm (for the AssemblyScript workflow SDK)")
+        env = {"DEBIAN_FRONTEND": "noninteractive"}
+        run(["apt-get", "update", "-qq"], env=env)
+        run(["apt-get", "install", "-y", "-qq", "npm"], env=env)
+    say("installing assemblyscript (npm ci in sdk/assemblyscript)")
+    npm = ["npm", "ci", "--no-audit", "--no-fund", "--loglevel=error", "--prefix", AS_SDK]
+    run(npm)
+    stamp.write_text(digest)
+
+
 def cmd_test(args: argparse.Namespace) -> None:
     ensure_mysql_client_headers()
     ensure_chromium()
+    ensure_rust_wasm32()
+    ensure_assemblyscript()
     ensure_venv(["requirements-dev.txt", "requirements-mysql.txt"])
     failures: list[str] = []
 

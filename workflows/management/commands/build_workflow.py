@@ -1,6 +1,9 @@
 """``manage.py build_workflow app.py -o app.wasm``: build a Python workflow module into a
 WebAssembly component (componentize-py), cached by the hash of its sources, the SDK, the WIT
-world and the componentize-py version. ``deploy_workflow NAME app.wasm`` deploys the result."""
+world and the componentize-py version. ``deploy_workflow NAME app.wasm`` deploys the result.
+
+A Rust (``.rs`` or ``Cargo.toml``), C, Zig or AssemblyScript (``.ts``) source is built into a
+core module instead, by ``workflows.guest_build``."""
 
 from __future__ import annotations
 
@@ -10,6 +13,8 @@ from typing import Any
 
 from django.conf import settings
 from django.core.management.base import BaseCommand, CommandError, CommandParser
+
+from workflows import guest_build
 
 SDK_PYTHON = Path(settings.BASE_DIR) / "sdk" / "python"
 
@@ -24,10 +29,16 @@ def _build_module() -> Any:
 
 
 class Command(BaseCommand):
-    help = "Build a Python workflow module (@workflow functions) into a .wasm component."
+    help = (
+        "Build a workflow into a .wasm module: Python (@workflow functions) into a component; "
+        "Rust (.rs, Cargo.toml), C, Zig or AssemblyScript (.ts) into a core module."
+    )
 
     def add_arguments(self, parser: CommandParser) -> None:
-        parser.add_argument("app", help="the workflow module, e.g. app.py")
+        parser.add_argument(
+            "app",
+            help="the workflow source: app.py, saga.rs, Cargo.toml, saga.c, saga.zig, saga.ts",
+        )
         parser.add_argument(
             "-o", "--output", help="where to write the component (default: APP with .wasm)"
         )
@@ -42,9 +53,12 @@ class Command(BaseCommand):
         )
 
     def handle(self, *args: Any, **options: Any) -> None:
-        build = _build_module()
         app = Path(options["app"])
         output = Path(options["output"]) if options["output"] else app.with_suffix(".wasm")
+        if guest_build.language_of(app) is not None:
+            self._build_guest(app, output, options["force"])
+            return
+        build = _build_module()
         try:
             result = build.build_component(
                 app, output, python_path=options["python_path"], force=options["force"]
@@ -54,3 +68,18 @@ class Command(BaseCommand):
         how = "from the build cache" if result.cached else f"built in {result.seconds:.0f} s"
         size = result.path.stat().st_size
         self.stdout.write(f"{result.path} ({size / 1e6:.1f} MB, {how}, key {result.key[:12]})")
+
+    def _build_guest(self, source: Path, output: Path, force: bool) -> None:
+        """A Rust, C, Zig or AssemblyScript workflow: a core module, with a line per stage."""
+
+        def progress(line: str) -> None:
+            self.stdout.write(f"  {line}")
+            self.stdout.flush()
+
+        try:
+            result = guest_build.build(source, output, force=force, progress=progress)
+        except guest_build.BuildError as exc:
+            raise CommandError(f"{source}: {exc}") from None
+        how = "from the build cache" if result.cached else f"built in {result.seconds:.1f} s"
+        size = result.path.stat().st_size
+        self.stdout.write(f"{result.path} ({size / 1e3:.1f} kB, {how}, key {result.key[:12]})")
