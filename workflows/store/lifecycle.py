@@ -36,6 +36,7 @@ from django.utils import timezone
 from engine import lifecycle
 from engine.errors import FenceLost, Refused
 from engine.events import EncodedEvent, decode, encode
+from engine.faults import crash_point
 from engine.session import ContinuedAsNew, Failed, SegmentResult, Suspended
 from engine.status import AbiStatus
 from engine.storage import RunRef
@@ -346,6 +347,8 @@ def finalize_segment(ref: RunRef, result: SegmentResult, now: datetime | None = 
     the transition :func:`engine.lifecycle.after_segment` decides, applied."""
     now = now or timezone.now()
     tenant = uuid.UUID(ref.tenant_id)
+    # A crash as the finalize starts or inside its transaction: nothing of it commits.
+    crash_point("finalize")
     if _complete_in_one_message(tenant, ref, result, now):
         return Finalized(RunStatus.DONE)
     with tenant_context(tenant):
@@ -569,6 +572,7 @@ def _successor(
     Signal.objects.filter(instance_id=instance.id, consumed_at__isnull=True).update(
         instance_id=successor.id
     )
+    crash_point("continue_as_new")  # the successor written, the finalize not committed
     wake.notify_after_commit()
     return successor
 
