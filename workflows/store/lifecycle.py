@@ -24,7 +24,7 @@ import logging
 import uuid
 from collections.abc import Sequence
 from dataclasses import dataclass
-from datetime import datetime, timedelta
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from django.conf import settings
@@ -731,3 +731,17 @@ __all__ = [
     "release",
     "terminate_instance",
 ]
+
+
+def database_now() -> datetime | None:
+    """The database server's clock, or None where the dialect has no statement for it (SQLite:
+    one machine, whose clock the worker reads anyway)."""
+    sql = queries(connection).get("database_now")
+    if sql is None:
+        return None
+    with connection.cursor() as cursor:
+        cursor.execute(sql)
+        found = cursor.fetchone()[0]
+    if timezone.is_naive(found):  # MySQL / MariaDB: UTC_TIMESTAMP() is naive
+        found = timezone.make_aware(found, UTC)
+    return found  # type: ignore[no-any-return]
