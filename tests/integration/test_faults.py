@@ -12,6 +12,7 @@ PostgreSQL and MariaDB; the proxy, the skew and the restart on PostgreSQL.
 
 from __future__ import annotations
 
+import re
 import time
 from collections.abc import Iterator
 from datetime import timedelta
@@ -225,11 +226,21 @@ def test_two_workers_sixty_seconds_apart_race_on_runs_schedules_and_leases(
     workload: Workload, ledger: Ledger, tmp_path: Path
 ) -> None:
     """One worker's clock runs 30 s ahead, the other's 30 s behind; both race over the same
-    runs, schedules and leases. Each takes the other's heartbeats for a minute old or from
-    the future; whatever they make of it, nothing is lost or done twice."""
+    runs (due a minute ago, so both can claim them at once), schedules and leases. Each
+    follows the database's clock (it says so in its log), so neither takes the other's
+    heartbeats for expired: no lease is reaped (nobody died), both do work, and nothing is
+    lost or done twice. On their own clocks, the one ahead reaped every lease of the one
+    behind (its heartbeats looked a minute old), and the one behind saw nothing due."""
     if connection.vendor != "postgresql":
         pytest.fail("the skew scenario runs on PostgreSQL: CLEAT_TEST_DB=postgres")
-    workload.start_jobs(2 * JOBS)
+    from workflows.models import WorkflowInstance
+    from workflows.tenancy import tenant_context
+
+    runs = workload.start_jobs(3 * JOBS)
+    with tenant_context(workload.tenant.id):
+        WorkflowInstance.objects.filter(id__in=runs).update(
+            next_wake_at=timezone.now() - timedelta(minutes=1)
+        )
     schedules = workload.create_schedules(3, timezone.now())
     with (
         worker(tmp_path, "ahead", ledger, CLEAT_TEST_CLOCK_OFFSET_SECONDS="30") as ahead,
@@ -239,7 +250,13 @@ def test_two_workers_sixty_seconds_apart_race_on_runs_schedules_and_leases(
         for w in (ahead, behind):
             w.terminate()
             assert w.wait(timeout=30) == 0, w.log()[-3000:]
-            assert "event=clock_skewed" in w.log()
+    for w, expected in ((ahead, -30.0), (behind, 30.0)):
+        log = w.log()
+        assert "event=clock_skewed" in log, log[-2000:]
+        measured = [float(v) for v in re.findall(r"event=clock_offset offset_s=(\S+)", log)]
+        assert measured and abs(measured[0] - expected) < 1.0, log[-2000:]
+        assert "event=reaped" not in log, f"{w.args[1]} reaped a live worker's leases:\n{log}"
+        assert w.segments(), f"{w.args[1]} did no work:\n{log[-3000:]}"
     assert_clean(workload, ledger, schedules)
 
 
