@@ -194,7 +194,13 @@ def check(tenant: Any, ledger: Ledger, schedule_ids: Collection[str] = ()) -> Ch
         report.events += len(events)
         # 1. the final state
         if row.status != RunStatus.DONE:
-            report.add(f"run {run} ({row.definition_name}) is {row.status}: {row.error!r}")
+            kids = {str(r.id): r.status for r in rows if str(r.parent_id) == run}
+            report.add(
+                f"run {run} ({row.definition_name}) is {row.status}: error={row.error!r} "
+                f"waiting_on={row.waiting_on} next_wake_at={row.next_wake_at} "
+                f"assigned_to={row.assigned_to} generation={row.generation} "
+                f"events={[decode(e).describe() for e in events][-3:]} children={kids}"
+            )
             continue
         if row.assigned_to:
             report.add(f"run {run} is done but still assigned to {row.assigned_to}")
