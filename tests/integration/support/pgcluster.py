@@ -6,6 +6,10 @@ this one mid-run -- fast (``-m fast``: connections are closed, as by a restart) 
 ``immediate`` (a crash: the next start replays the WAL). Run as root, the server runs as the
 ``postgres`` system user (PostgreSQL refuses root).
 
+Commits are durable across a crash of the server (``synchronous_commit`` stays on: an
+``immediate`` stop must not lose what a worker was told had committed); only ``fsync`` is off,
+which matters to a machine that loses power, not to a server that is killed.
+
 The binaries come from ``CLEAT_PG_BIN`` (default ``/usr/lib/postgresql/15/bin``).
 """
 
@@ -71,7 +75,7 @@ class ThrowawayCluster:
     def start(self) -> None:
         options = (
             f"-p {self.port} -k {self.root} -c listen_addresses=127.0.0.1 "
-            "-c fsync=off -c synchronous_commit=off -c full_page_writes=off"
+            "-c fsync=off -c full_page_writes=off"
         )
         self._run("pg_ctl", "-D", str(self.data), "-l", str(self.log), "-o", options, "-w", "start")
 
