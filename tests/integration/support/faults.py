@@ -192,6 +192,15 @@ def check(tenant: Any, ledger: Ledger, schedule_ids: Collection[str] = ()) -> Ch
         run = str(row.id)
         events = history[run]
         report.events += len(events)
+        # 4. the calls it recorded (of every run: an unfinished one's are not orphans)
+        for encoded in events:
+            event = decode(encoded)
+            if isinstance(event, CallEvent) and event.service == LEDGER:
+                key = idempotency_key(row.workflow_id, run, event.step)
+                if key in recorded:
+                    report.add(f"run {run} step {event.step}: key {key} recorded twice")
+                recorded[key] = event.response
+                report.calls += 1
         # 1. the final state
         if row.status != RunStatus.DONE:
             kids = {str(r.id): r.status for r in rows if str(r.parent_id) == run}
@@ -215,15 +224,6 @@ def check(tenant: Any, ledger: Ledger, schedule_ids: Collection[str] = ()) -> Ch
         if bad:
             report.add(f"run {run}: checksum mismatch at steps {bad}")
             continue
-        # 4. the calls it recorded
-        for encoded in events:
-            event = decode(encoded)
-            if isinstance(event, CallEvent) and event.service == LEDGER:
-                key = idempotency_key(row.workflow_id, run, event.step)
-                if key in recorded:
-                    report.add(f"run {run} step {event.step}: key {key} recorded twice")
-                recorded[key] = event.response
-                report.calls += 1
         # 3. the history replays to the row's end
         problem = _replay(row, events, modules[row.definition_id], run in successors)
         if problem:
