@@ -255,3 +255,7 @@ CLEAT_SCHEDULER_IN_WORKER = env.bool("CLEAT_SCHEDULER_IN_WORKER", default=True)
 CLEAT_SCHEDULE_MISFIRE_GRACE_SECONDS = env.float(
     "CLEAT_SCHEDULE_MISFIRE_GRACE_SECONDS", default=60.0
 )
+# Fault injection, for the fault-injection tests only (workflows/faults.py): crash points to
+# arm (e.g. "after_call:3") and an offset of this process's clock. Never set in production.
+CLEAT_TEST_CRASH_AT = env.str("CLEAT_TEST_CRASH_AT", default="")
+CLEAT_TEST_CLOCK_OFFSET_SECONDS = env.float("CLEAT_TEST_CLOCK_OFFSET_SECONDS", default=0.0)

@@ -38,6 +38,7 @@ from django.conf import settings
 from django.db import DatabaseError
 from prometheus_client import Counter, Histogram
 
+from engine.faults import crash_point
 from schedules import store
 from schedules.cron import CronError, Timing
 from schedules.models import MisfirePolicy, OverlapPolicy, Schedule
@@ -266,6 +267,7 @@ def _start(schedule: Schedule, tenant: Tenant, instant: datetime, now: datetime)
     Schedule.objects.filter(id=schedule.id, tenant_id=schedule.tenant_id).update(
         last_run_id=instance.id, last_run_at=instant
     )
+    crash_point("schedule_fire")  # the run started, the firing's transaction not committed
     schedule.last_run_id, schedule.last_run_at = instance.id, instant
     if created:
         LATENESS.observe(max(0.0, (instance.created_at - instant).total_seconds()))

@@ -52,12 +52,16 @@ def other_tenant(transactional_db: Any) -> Any:
 def pytest_collection_modifyitems(config: Any, items: list[Any]) -> None:
     """Deselect (not skip) PostgreSQL-only tests when the suite runs on another database:
     they exercise PostgreSQL itself (RLS, definer functions, NOTIFY), and the PostgreSQL
-    pass of ``dev.py test`` runs them."""
+    pass of ``dev.py test`` runs them; and ``server_db`` tests on SQLite."""
     import os
 
-    if os.environ.get("CLEAT_TEST_DB", "sqlite") == "postgres":
+    database = os.environ.get("CLEAT_TEST_DB", "sqlite")
+    if database == "postgres":
         return
-    kept = [i for i in items if i.get_closest_marker("postgres_only") is None]
+    # Tests marked server_db (real worker processes racing on a database server) run in the
+    # PostgreSQL and MariaDB passes; the SQLite pass (one writer) leaves them out.
+    markers = ("postgres_only",) if database != "sqlite" else ("postgres_only", "server_db")
+    kept = [i for i in items if not any(i.get_closest_marker(m) for m in markers)]
     if len(kept) != len(items):
         config.hook.pytest_deselected(items=[i for i in items if i not in kept])
         items[:] = kept

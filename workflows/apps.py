@@ -12,7 +12,16 @@ class WorkflowsConfig(AppConfig):
     default_auto_field = "django.db.models.BigAutoField"
 
     def ready(self) -> None:
+        from django.conf import settings
+
+        from workflows import faults
+
         checks.register(check_fetch_allow_list)
+        # Test-only fault injection; both settings are empty in production (nothing happens).
+        faults.install(
+            getattr(settings, "CLEAT_TEST_CRASH_AT", ""),
+            getattr(settings, "CLEAT_TEST_CLOCK_OFFSET_SECONDS", 0.0),
+        )
 
 
 def check_fetch_allow_list(app_configs: Any = None, **kwargs: Any) -> list[checks.CheckMessage]:

@@ -25,6 +25,7 @@ from engine.session import (
     failed,
 )
 from engine.storage import RunRef
+from workflows import faults
 from workflows.conf import cleat_settings
 from workflows.store.lifecycle import (
     Claim,
@@ -101,6 +102,8 @@ def execute_claim(
     A lost database connection anywhere in it (load, segment, finalize) releases the run on
     a new connection instead of raising (see DATABASE_LOST)."""
     started = time.monotonic()
+    # A process on a skewed clock (the fault-injection tests) gives it to the engine too.
+    clock = clock or faults.skewed_clock()
     try:
         return _execute_claim(claim, worker_id, clock, started)
     except DATABASE_LOST as exc:

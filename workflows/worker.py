@@ -29,7 +29,7 @@ import uuid
 from collections.abc import Callable, Sequence
 from concurrent.futures import ALL_COMPLETED, FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass, field
-from datetime import timedelta
+from datetime import datetime, timedelta
 from typing import Any
 
 from django.db import close_old_connections, connection
@@ -42,6 +42,7 @@ from workflows.store import invocations
 from workflows.store.lifecycle import (
     Claim,
     claim_ready_instances,
+    database_now,
     heartbeat_worker,
     next_due_at,
     reap_expired_leases,
@@ -89,6 +90,58 @@ def _mark_fresh() -> None:
         _fresh.until = 0.0
 
 
+# The fleet's clock is the database's. A worker reads the time for its claims, heartbeats,
+# reaps, schedule ticks and segments from its own clock corrected by the offset it last
+# measured against the database server (one round trip every CLOCK_SYNC_S). Each worker on
+# its own clock went wrong as soon as the machines disagreed by about a lease: one whose
+# clock ran ahead took every other worker's heartbeats for expired and reaped their live
+# runs (and claimed timers early); one behind never saw runs due and never reaped a dead
+# worker's (the fault-injection suite's clock-skew scenario). An offset within
+# CLOCK_TOLERANCE_S (network latency, NTP's slack) is ignored: the local clock is used as is.
+CLOCK_SYNC_S = 30.0
+CLOCK_TOLERANCE_S = 1.0
+
+
+class DatabaseClock:
+    """This process's clock, set to the database server's (see CLOCK_SYNC_S)."""
+
+    def __init__(self) -> None:
+        self.offset: timedelta | None = None  # None: the local clock as it is
+        self._next_sync = 0.0
+
+    def sync(self) -> None:
+        """Measure the offset again if it is due (on the loop's thread, its connection)."""
+        tick = time.monotonic()
+        if tick < self._next_sync:
+            return
+        self._next_sync = tick + CLOCK_SYNC_S
+        before = timezone.now()
+        server = database_now()
+        after = timezone.now()
+        if server is None:
+            self.offset = None
+            return
+        offset = server - (before + (after - before) / 2)
+        found = offset if abs(offset.total_seconds()) > CLOCK_TOLERANCE_S else None
+        if found is not None and (
+            self.offset is None or abs((found - self.offset).total_seconds()) > CLOCK_TOLERANCE_S
+        ):
+            log.warning(
+                "event=clock_offset offset_s=%.3f (this machine's clock disagrees with the "
+                "database's; the worker follows the database)",
+                offset.total_seconds(),
+            )
+        self.offset = found
+
+    def now(self) -> datetime:
+        offset = self.offset
+        return timezone.now() if offset is None else timezone.now() + offset
+
+    def segment_clock(self) -> Callable[[], datetime] | None:
+        """The clock a segment runs on: None (the local one) when there is no offset."""
+        return None if self.offset is None else self.now
+
+
 _gc_frozen = False
 
 
@@ -132,6 +185,7 @@ class Worker:
         self.processed = 0
         self._listener: _PgListener | None = None
         self._next_invocation_check = 0.0
+        self._clock = DatabaseClock()
         # What the apps above registered (the schedules app's tick, see workflows/duties.py).
         self._duties = duties.start(
             duties.WorkerContext(options.worker_id, options.tenant, options.poll_interval_s)
@@ -180,8 +234,9 @@ class Worker:
                     self._wake.clear()
                     self._freed.clear()
                     _tidy_connection()
+                    self._clock.sync()
                     self._run_duties()  # before `now`: the claim takes the runs they started
-                    now = timezone.now()
+                    now = self._clock.now()
                     tick = time.monotonic()
                     if self._inflight and tick - last_beat >= opts.lease_s / 3:
                         heartbeat_worker(opts.worker_id, now)
@@ -241,7 +296,7 @@ class Worker:
         the claim) still run."""
         for name, duty in self._duties:
             try:
-                duty.run_due(timezone.now())
+                duty.run_due(self._clock.now())
             except Exception:
                 LOOP_ERRORS.inc()
                 log.exception("event=duty_error duty=%s worker=%s", name, self.options.worker_id)
@@ -274,7 +329,7 @@ class Worker:
         _tidy_connection()
         try:
             with SEGMENT_SECONDS.time():
-                report = execute_claim(claim, self.options.worker_id)
+                report = execute_claim(claim, self.options.worker_id, self._clock.segment_clock())
             _mark_fresh()
         except BaseException:
             _fresh.until = 0.0

@@ -24,6 +24,7 @@ from engine.events import (
     StreamChunkEvent,
     record_maker,
 )
+from engine.faults import crash_point
 from engine.services import CallContext, CallResult
 from engine.session.replay import (
     OK_EMPTY,
@@ -74,6 +75,7 @@ class CallOps(ReplayCore):
             )
             self._record_now(intent)
         result = self._io(lambda: self.services.caller.call(service, operation, request, context))
+        crash_point("after_call")  # the effect happened; its event is not committed yet
         event = self._call_event(step, service, operation, request, result)
         if write_ahead:
             self.storage.complete_intent(self.ref, event)

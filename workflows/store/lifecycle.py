@@ -24,7 +24,7 @@ import logging
 import uuid
 from collections.abc import Sequence
 from dataclasses import dataclass
-from datetime import datetime, timedelta
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from django.conf import settings
@@ -36,6 +36,7 @@ from django.utils import timezone
 from engine import lifecycle
 from engine.errors import FenceLost, Refused
 from engine.events import EncodedEvent, EventType, decode, encode
+from engine.faults import crash_point
 from engine.session import ContinuedAsNew, Failed, SegmentResult, Suspended
 from engine.status import AbiStatus
 from engine.storage import RunRef
@@ -346,6 +347,8 @@ def finalize_segment(ref: RunRef, result: SegmentResult, now: datetime | None = 
     the transition :func:`engine.lifecycle.after_segment` decides, applied."""
     now = now or timezone.now()
     tenant = uuid.UUID(ref.tenant_id)
+    # A crash as the finalize starts or inside its transaction: nothing of it commits.
+    crash_point("finalize")
     if _complete_in_one_message(tenant, ref, result, now):
         return Finalized(RunStatus.DONE)
     with tenant_context(tenant):
@@ -592,6 +595,7 @@ def _successor(
     Signal.objects.filter(instance_id=instance.id, consumed_at__isnull=True).update(
         instance_id=successor.id
     )
+    crash_point("continue_as_new")  # the successor written, the finalize not committed
     wake.notify_after_commit()
     return successor
 
@@ -750,3 +754,17 @@ __all__ = [
     "release",
     "terminate_instance",
 ]
+
+
+def database_now() -> datetime | None:
+    """The database server's clock, or None where the dialect has no statement for it (SQLite:
+    one machine, whose clock the worker reads anyway)."""
+    sql = queries(connection).get("database_now")
+    if sql is None:
+        return None
+    with connection.cursor() as cursor:
+        cursor.execute(sql)
+        found = cursor.fetchone()[0]
+    if timezone.is_naive(found):  # MySQL / MariaDB: UTC_TIMESTAMP() is naive
+        found = timezone.make_aware(found, UTC)
+    return found  # type: ignore[no-any-return]

@@ -22,6 +22,7 @@ from django.utils import timezone
 
 from engine.errors import FenceLost, Refused, StorageError
 from engine.events import EncodedEvent, Event, encode
+from engine.faults import crash_point
 from engine.status import AbiStatus
 from engine.storage import (
     AcquireLock,
@@ -232,11 +233,11 @@ class DjangoStorage:
 
     def append_events(self, run: RunRef, events: Sequence[Event]) -> None:
         now = self.now()
-        if fenced_append(self.tenant_id, run, events, now):
-            return
-        with tenant_context(self.tenant_id):
-            count = lock_fenced(run)
-            append_locked(run, count, events, now)
+        if not fenced_append(self.tenant_id, run, events, now):
+            with tenant_context(self.tenant_id):
+                count = lock_fenced(run)
+                append_locked(run, count, events, now)
+        crash_point("after_append")  # committed; the guest has not seen its reply yet
 
     def complete_intent(self, run: RunRef, event: Event) -> None:
         stored = encode(event)
@@ -428,6 +429,7 @@ class DjangoStorage:
             next_wake_at=now,
             created_at=now,
         )
+        crash_point("child_start")  # the child row written, the start's transaction open
         wake.notify_after_commit()
         return run_id
 

@@ -9,8 +9,9 @@ other). If the process dies between the two, the run's periodic re-check
 
 Ordering argument for the race with a finalizing run: the finalize holds the run's row lock
 while it looks for wake-ups that arrived during the segment; a wake issued after the
-satisfying commit either sees the finalize's ``ready`` (and wakes it) or waits for the lock
-and then does; a satisfying commit that happened before the finalize's look is seen by it.
+satisfying commit reads the row with a lock, so it either sees the finalize's ``ready`` (and
+wakes it) or waits for the lock and then does; a satisfying commit that happened before the
+finalize's look is seen by it.
 """
 
 from __future__ import annotations
@@ -19,7 +20,6 @@ import logging
 import uuid
 
 from django.db import connection, transaction
-from django.db.models import Q
 from django.utils import timezone
 
 from workflows.models import RunStatus, WorkflowInstance
@@ -32,15 +32,30 @@ NOTIFY_CHANNEL = "cleat_wake"
 
 
 def wake_now(tenant: uuid.UUID, instance_id: uuid.UUID | str) -> bool:
-    """Make a ready run due now. Returns whether it was waiting."""
+    """Make a ready run due now. Returns whether it was waiting.
+
+    The row is read with a lock first, and only then judged: an ``UPDATE ... WHERE status =
+    'ready'`` alone skipped a run whose finalize was in flight -- PostgreSQL (READ COMMITTED)
+    matches the WHERE against the last committed version, still ``running``, and so neither
+    waits for the finalize's lock nor sees its ``ready`` -- and the run slept until its
+    re-check although its child had finished (found by the fault soak: a child completing on
+    one thread while its parent's finalize ran on another). The locking read waits for the
+    finalize and returns the row as it committed."""
     now = timezone.now()
     with tenant_context(tenant):
-        woken = (
-            WorkflowInstance.objects.filter(
-                id=instance_id, tenant_id=tenant, status=RunStatus.READY
-            )
-            .filter(Q(next_wake_at__isnull=True) | Q(next_wake_at__gt=now))
-            .update(next_wake_at=now)
+        found = (
+            WorkflowInstance.objects.select_for_update()
+            .filter(id=instance_id, tenant_id=tenant)
+            .values_list("status", "next_wake_at")
+            .first()
+        )
+        if found is None:
+            return False
+        status, wake_at = found
+        if status != RunStatus.READY or (wake_at is not None and wake_at <= now):
+            return False
+        woken = WorkflowInstance.objects.filter(id=instance_id, tenant_id=tenant).update(
+            next_wake_at=now
         )
     if woken:
         notify()

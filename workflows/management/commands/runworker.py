@@ -10,7 +10,7 @@ import sys
 from typing import Any
 
 from django.core.management.base import BaseCommand, CommandError, CommandParser
-from django.db import connection
+from django.db import DatabaseError, connection
 
 from workflows.management.commands._common import use_worker_connection_age
 from workflows.models import Tenant
@@ -56,7 +56,12 @@ class Command(BaseCommand):
                 tenant = get_tenant(options["tenant"])
             except ServiceError as exc:
                 raise CommandError(exc.message) from None
-        reasons = bypass_reasons(connection)
+        try:
+            reasons = bypass_reasons(connection)
+        except DatabaseError as exc:
+            # A database down or unreachable at start-up: say so (a supervisor restarts us).
+            first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+            raise CommandError(f"cannot reach the database: {first}") from None
         if reasons:
             message = format_reasons(reasons)
             if options["require_rls"]:

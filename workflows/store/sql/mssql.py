@@ -36,6 +36,8 @@ OUTPUT inserted.id, inserted.tenant_id, inserted.generation
 QUERIES = {
     "set_session_tenant": SET_SESSION_TENANT,
     "claim_ready_listed": MSSQL_CLAIM_SQL,
+    # The server's clock in UTC (naive): the fleet's common time (workflows/worker.py).
+    "database_now": "SELECT SYSUTCDATETIME()",
 }
 
 

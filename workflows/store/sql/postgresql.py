@@ -151,6 +151,8 @@ CLAIM_INVOCATIONS = "SELECT id, tenant_id FROM cleat.claim_invocations(%s, %s, %
 # --- wake-ups ----------------------------------------------------------------------------------
 
 NOTIFY_WAKE = "SELECT pg_notify(%s, '')"
+# The server's clock (not the transaction's start): the fleet's common time (worker.py).
+DATABASE_NOW = "SELECT clock_timestamp()"
 LISTEN_WAKE = f"LISTEN {NOTIFY_CHANNEL}"
 
 # --- the RLS check (rls.bypass_reasons) --------------------------------------------------------
@@ -179,6 +181,7 @@ QUERIES = {
     "next_due_at": NEXT_DUE_AT,
     "claim_invocations": CLAIM_INVOCATIONS,
     "notify_wake": NOTIFY_WAKE,
+    "database_now": DATABASE_NOW,
     "listen_wake": LISTEN_WAKE,
     "connection_role": CONNECTION_ROLE,
     "table_security": TABLE_SECURITY,
