@@ -246,9 +246,7 @@ class WorkflowEnvironment:
     def force_fail(self, run_id: str, message: str, code: str = "error") -> None:
         self.storage.force_fail(run_id, message, code, operator="test")
 
-    def report_task_outcome(
-        self, task_id: str, token: str, status: int, payload: str = ""
-    ) -> str:
+    def report_task_outcome(self, task_id: str, token: str, status: int, payload: str = "") -> str:
         """What the hook in a task's worker does with a task's outcome (``OK`` with the
         result's JSON, or an error status and message); returns what became of it
         (``engine.task_calls.Disposition``)."""

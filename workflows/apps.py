@@ -12,7 +12,10 @@ class WorkflowsConfig(AppConfig):
     default_auto_field = "django.db.models.BigAutoField"
 
     def ready(self) -> None:
+        from workflows import celery_calls
+
         checks.register(check_fetch_allow_list)
+        celery_calls.register()
 
 
 def check_fetch_allow_list(app_configs: Any = None, **kwargs: Any) -> list[checks.CheckMessage]:

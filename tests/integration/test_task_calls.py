@@ -1,17 +1,26 @@
 """Durable calls that run as tasks elsewhere (engine.services.TaskService, e.g. Celery): the
 run suspends while the task runs, the reported outcome becomes the call's reply, replay
-never sends again; timeouts, cancellation, duplicates and stale outcomes."""
+never sends again; timeouts, cancellation, duplicates and stale outcomes. Each scenario
+runs against both environments (in memory, and the Django store with its executor), as
+the lifecycle scenarios do."""
 
 from __future__ import annotations
 
 import json
+from collections.abc import Iterator
 from typing import Any
+
+import pytest
 
 from engine.services import TaskCall
 from engine.status import AbiStatus
 from engine.task_calls import Disposition, disposition
-from engine.testing import WorkflowEnvironment
 from tests.fixtures.wat import Wat
+from tests.integration.support.environments import (
+    MemoryEnvironment,
+    ScenarioEnvironment,
+    database_environment,
+)
 
 
 class FakeTasks:
@@ -43,15 +52,41 @@ def two_calls() -> bytes:
     return w.wasm()
 
 
-def env_with(tasks: FakeTasks) -> tuple[WorkflowEnvironment, str]:
-    env = WorkflowEnvironment(services={"billing": tasks})
-    env.deploy("pay", two_calls())
-    run = env.start("pay")
-    env.run_until_idle()
-    return env, run
+@pytest.fixture(
+    params=[
+        "memory",
+        pytest.param("database", marks=pytest.mark.django_db(transaction=True)),
+    ]
+)
+def kind(request: pytest.FixtureRequest) -> Iterator[Any]:
+    made: list[Any] = []
+
+    def make(services: dict[str, Any]) -> ScenarioEnvironment:
+        if request.param == "memory":
+            env: Any = MemoryEnvironment(services)
+        else:
+            env = database_environment(request.getfixturevalue("tenant"), services)
+            made.append(env)
+        return env  # type: ignore[no-any-return]
+
+    yield make
+    for env in made:
+        env.close()
 
 
-def test_the_run_suspends_on_the_task_and_its_outcome_is_the_reply() -> None:
+@pytest.fixture
+def env_with(kind: Any) -> Any:
+    def make(tasks: FakeTasks) -> tuple[Any, str]:
+        env = kind({"billing": tasks})
+        env.deploy("pay", two_calls())
+        run = env.start("pay")
+        env.run_until_idle()
+        return env, run
+
+    return make
+
+
+def test_the_run_suspends_on_the_task_and_its_outcome_is_the_reply(env_with: Any) -> None:
     tasks = FakeTasks()
     env, run = env_with(tasks)
     assert len(tasks.sent) == 1
@@ -75,11 +110,13 @@ def test_the_run_suspends_on_the_task_and_its_outcome_is_the_reply() -> None:
     env.run_until_idle()
     assert env.result(run) == [[0, '{"paid":1}'], [2, "card declined"]]
     assert env.caller.calls == []  # no in-process call was made
-    env.assert_replays(run)
-    assert len(tasks.sent) == 2
+    env.advance(seconds=120)  # past the calls' timeouts: nothing is sent or revoked
+    assert len(tasks.sent) == 2 and tasks.revoked == []
 
 
-def test_a_duplicate_outcome_records_nothing_twice_and_a_wrong_token_is_refused() -> None:
+def test_a_duplicate_outcome_records_nothing_twice_and_a_wrong_token_is_refused(
+    env_with: Any,
+) -> None:
     tasks = FakeTasks()
     env, run = env_with(tasks)
     call = tasks.sent[0]
@@ -91,7 +128,7 @@ def test_a_duplicate_outcome_records_nothing_twice_and_a_wrong_token_is_refused(
     assert env.describe(run)["waiting_on"].startswith("task billing.refund")
 
 
-def test_no_outcome_within_the_timeout_is_timeout_and_the_task_is_revoked() -> None:
+def test_no_outcome_within_the_timeout_is_timeout_and_the_task_is_revoked(env_with: Any) -> None:
     tasks = FakeTasks(timeout_ms=5_000)
     env, run = env_with(tasks)
     call = tasks.sent[0]
@@ -103,7 +140,7 @@ def test_no_outcome_within_the_timeout_is_timeout_and_the_task_is_revoked() -> N
     assert history[0].status == AbiStatus.TIMEOUT and not history[0].pending
 
 
-def test_cancelling_the_run_revokes_the_task_and_the_call_returns_cancelled() -> None:
+def test_cancelling_the_run_revokes_the_task_and_the_call_returns_cancelled(env_with: Any) -> None:
     tasks = FakeTasks()
     env, run = env_with(tasks)
     call = tasks.sent[0]
@@ -113,7 +150,7 @@ def test_cancelling_the_run_revokes_the_task_and_the_call_returns_cancelled() ->
     assert env.history(run)[0].status == AbiStatus.CANCELLED
 
 
-def test_a_terminated_run_drops_the_outcome_as_stale() -> None:
+def test_a_terminated_run_drops_the_outcome_as_stale(env_with: Any) -> None:
     tasks = FakeTasks()
     env, run = env_with(tasks)
     call = tasks.sent[0]
@@ -121,7 +158,7 @@ def test_a_terminated_run_drops_the_outcome_as_stale() -> None:
     assert env.report_task_outcome(call.task_id, call.token, AbiStatus.OK, "1") == "stale"
 
 
-def test_a_task_that_could_not_be_sent_is_sent_by_a_later_segment() -> None:
+def test_a_task_that_could_not_be_sent_is_sent_by_a_later_segment(env_with: Any) -> None:
     tasks = FakeTasks(broken=True)
     env, run = env_with(tasks)
     assert tasks.sent == [] and env.describe(run)["status"] == "ready"
