@@ -19,6 +19,17 @@ app.config_from_object("django.conf:settings", namespace="CELERY")
 app.autodiscover_tasks()
 
 
+@app.on_after_configure.connect
+def _maintenance_on_beat(sender: Celery, **_: object) -> None:
+    """CLEAT_MAINTENANCE_ON_BEAT: beat sends cleat's periodic duties (workflows/tasks.py)."""
+    from django.conf import settings
+
+    if getattr(settings, "CLEAT_MAINTENANCE_ON_BEAT", False):
+        from workflows.tasks import beat_schedule
+
+        sender.conf.beat_schedule = {**(sender.conf.beat_schedule or {}), **beat_schedule()}
+
+
 def _install_outcome_hook() -> None:
     import django
 

@@ -248,6 +248,12 @@ CLEAT_CELERY_APP = env.str("CLEAT_CELERY_APP", default="cleat_project.celery.app
 CLEAT_CELERY_TIMEOUT_SECONDS = env.float("CLEAT_CELERY_TIMEOUT_SECONDS", default=3600.0)
 CLEAT_CELERY_PERMANENT_ERRORS = env.list("CLEAT_CELERY_PERMANENT_ERRORS", default=[])
 CLEAT_TASK_CALLBACK_URL = env.str("CLEAT_TASK_CALLBACK_URL", default="")
+# Maintenance on Celery beat: the reaper and the schedule tick (every periodic duty) run as
+# the beat task cleat.maintenance every CLEAT_BEAT_INTERVAL_SECONDS, not in runworker; the
+# reaper there returns runs whose heartbeat is older than CLEAT_LEASE_SECONDS.
+CLEAT_MAINTENANCE_ON_BEAT = env.bool("CLEAT_MAINTENANCE_ON_BEAT", default=False)
+CLEAT_BEAT_INTERVAL_SECONDS = env.float("CLEAT_BEAT_INTERVAL_SECONDS", default=1.0)
+CLEAT_LEASE_SECONDS = env.float("CLEAT_LEASE_SECONDS", default=60.0)
 # A waiting run re-checks its wait at least this often (recovers a wake lost to a crash).
 CLEAT_WAIT_RECHECK_SECONDS = env.float("CLEAT_WAIT_RECHECK_SECONDS", default=300.0)
 # Fairness between tenants: most runs of one tenant running at once, for a tenant that sets

@@ -12,10 +12,13 @@ class WorkflowsConfig(AppConfig):
     default_auto_field = "django.db.models.BigAutoField"
 
     def ready(self) -> None:
-        from workflows import celery_calls
+        from workflows import celery_calls, duties
+        from workflows.maintenance import reaper_duty
 
         checks.register(check_fetch_allow_list)
         celery_calls.register()
+        # First, so a pass of the loop reaps before the apps' duties (and the claim) run.
+        duties.register("reaper", reaper_duty)
 
 
 def check_fetch_allow_list(app_configs: Any = None, **kwargs: Any) -> list[checks.CheckMessage]:

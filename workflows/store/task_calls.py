@@ -58,7 +58,7 @@ def report_outcome(
         )
         if row is None:
             verdict = disposition(None, False, had_outcome=False, run_ended=False)
-            instance_id = None
+            instance_id, state = None, None
         else:
             instance_id, state, expected, reported = row
             run_status = (
@@ -78,10 +78,21 @@ def report_outcome(
             )
     if verdict is Disposition.RECORDED:
         assert instance_id is not None
-        wake.wake_now(tenant_id, instance_id)
-        log.info("event=task_outcome task=%s run=%s status=%d", task_id, instance_id, status)
+        woke = wake.wake_now(tenant_id, instance_id, through_finalize=True)
+        log.info(
+            "event=task_outcome task=%s run=%s status=%d woke=%s",
+            task_id,
+            instance_id,
+            status,
+            woke,
+        )
     elif verdict is Disposition.DUPLICATE:
-        log.info("event=task_outcome_duplicate task=%s run=%s", task_id, instance_id)
+        # The first report's process may have died between its commit and its wake-up
+        # (the reason the task ran again): wake the run if it still has to take it.
+        woke = state == TaskCall.State.REPORTED and wake.wake_now(
+            tenant_id, instance_id, through_finalize=True
+        )
+        log.info("event=task_outcome_duplicate task=%s run=%s woke=%s", task_id, instance_id, woke)
     elif verdict is Disposition.STALE:
         log.warning(
             "event=task_outcome_stale task=%s run=%s (the run no longer waits for it: dropped)",

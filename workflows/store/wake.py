@@ -31,8 +31,18 @@ log = logging.getLogger("cleat.store")
 NOTIFY_CHANNEL = "cleat_wake"
 
 
-def wake_now(tenant: uuid.UUID, instance_id: uuid.UUID | str) -> bool:
-    """Make a ready run due now. Returns whether it was waiting."""
+def wake_now(
+    tenant: uuid.UUID, instance_id: uuid.UUID | str, *, through_finalize: bool = False
+) -> bool:
+    """Make a ready run due now. Returns whether it was waiting.
+
+    ``through_finalize``: when the run is not ``ready`` yet, wait for a finalize in flight
+    (its row lock) and try once more. Without it the wake is lost in one interleaving: the
+    finalize locked the row and looked for wake-ups before the satisfying commit, and this
+    UPDATE, reading the committed ``running`` row, matches nothing without waiting for the
+    lock (PostgreSQL re-checks a locked row only when its visible version matched); the run
+    then sleeps until its recheck. Task outcomes, which often arrive while the segment that
+    sent the task is finalizing, use it."""
     now = timezone.now()
     with tenant_context(tenant):
         woken = (
@@ -42,6 +52,18 @@ def wake_now(tenant: uuid.UUID, instance_id: uuid.UUID | str) -> bool:
             .filter(Q(next_wake_at__isnull=True) | Q(next_wake_at__gt=now))
             .update(next_wake_at=now)
         )
+    if not woken and through_finalize:
+        with tenant_context(tenant):
+            status = (
+                WorkflowInstance.objects.select_for_update(
+                    no_key=connection.features.has_select_for_no_key_update
+                )
+                .filter(id=instance_id, tenant_id=tenant)
+                .values_list("status", flat=True)
+                .first()
+            )
+        if status == RunStatus.READY:
+            return wake_now(tenant, instance_id)
     if woken:
         notify()
     return bool(woken)
