@@ -238,6 +238,7 @@ CLEAT_PLUGINS = env.json("CLEAT_PLUGINS", default={})
 # engine.errors.PermanentError), and the base URL of this deployment that Celery workers
 # outside the project post outcomes to (empty: only the in-project hook reports).
 CELERY_BROKER_URL = env.str("CELERY_BROKER_URL", default="")
+CELERY_TASK_DEFAULT_QUEUE = env.str("CELERY_TASK_DEFAULT_QUEUE", default="celery")
 CELERY_TASK_ACKS_LATE = True
 CELERY_TASK_REJECT_ON_WORKER_LOST = True
 CELERY_WORKER_PREFETCH_MULTIPLIER = env.int("CELERY_WORKER_PREFETCH_MULTIPLIER", default=1)

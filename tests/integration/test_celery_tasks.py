@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import os
+import subprocess
 import sys
 import time
 from collections import Counter
@@ -26,6 +27,7 @@ from tests.fixtures.wat import Wat
 from tests.integration.support.celery_workers import (
     RABBITMQ_URL,
     REDIS_URL,
+    ROOT,
     TASKS_MODULE,
     CeleryWorker,
     PrivateRedis,
@@ -301,3 +303,69 @@ def test_runs_of_celery_tasks_on_redis_survive_a_broker_restart(
     finally:
         broker.stop()
     print(f"\ncelery x private redis, {count} runs, broker restarted: {figures}", file=sys.stderr)
+
+
+def test_celery_beat_runs_the_reaper_when_the_maintenance_is_on_beat(
+    tenant: Tenant, tmp_path: Path
+) -> None:
+    """``celery -A cleat_project beat`` sends ``cleat.maintenance``; a Celery worker runs the
+    reaper with it: a run whose worker stopped heartbeating is returned to ready."""
+    require(RABBITMQ_URL)
+    w = Wat()
+    w.run("(call $finish)")
+    definitions.deploy_definition(tenant, "noop", w.wasm())
+    run, _ = services.start_workflow(tenant, "noop", "null")
+    with tenant_context(tenant.id):
+        WorkflowInstance.objects.filter(id=run.id).update(
+            status=RunStatus.RUNNING,
+            assigned_to="a-dead-worker",
+            heartbeat_at=run.created_at,
+            generation=7,
+        )
+    queue = unique_queue()
+    env = command_env(
+        {},
+        CELERY_BROKER_URL=RABBITMQ_URL,
+        CELERY_TASK_DEFAULT_QUEUE=queue,
+        CLEAT_MAINTENANCE_ON_BEAT="1",
+        CLEAT_LEASE_SECONDS="2",
+    )
+    beat_log = open(tmp_path / "beat.log", "wb")  # noqa: SIM115 - closed below
+    beat = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "celery",
+            "-A",
+            "cleat_project",
+            "beat",
+            "-s",
+            str(tmp_path / "beat-schedule"),
+            "-l",
+            "INFO",
+        ],
+        env=env,
+        cwd=ROOT,
+        stdout=beat_log,
+        stderr=subprocess.STDOUT,
+        start_new_session=True,
+    )
+    try:
+        with CeleryWorker(tmp_path / "celery.log", "beat-worker", queue, env) as worker:
+
+            def reaped() -> bool:
+                with tenant_context(tenant.id):
+                    row = WorkflowInstance.objects.get(id=run.id)
+                return row.status == RunStatus.READY and row.generation == 8
+
+            try:
+                wait_until(reaped, 90, "the reaper, run by the beat task, to return the run")
+            except AssertionError:
+                raise AssertionError(
+                    worker.log()[-3000:] + (tmp_path / "beat.log").read_text()[-2000:]
+                ) from None
+            assert "cleat.maintenance" in worker.log()
+    finally:
+        beat.terminate()
+        beat.wait(timeout=30)
+        beat_log.close()

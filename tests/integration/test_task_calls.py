@@ -181,3 +181,43 @@ def test_the_disposition_rule() -> None:
     assert rule("settled") is Disposition.STALE
     assert rule("abandoned") is Disposition.STALE
     assert rule(None) is Disposition.STALE
+
+
+@pytest.mark.django_db(transaction=True)
+def test_the_callback_endpoint_records_an_outcome_with_the_calls_token(tenant: Any) -> None:
+    """A Celery worker outside the project posts the outcome with the call's token: a
+    missing or wrong token is refused, a bad body is a 400 naming the field, a duplicate
+    records nothing twice, and the run goes on with the outcome."""
+    from django.test import Client
+
+    tasks = FakeTasks()
+    env = database_environment(tenant, {"billing": tasks})
+    try:
+        env.deploy("pay", two_calls())
+        run = env.start("pay")
+        env.run_until_idle()
+        call = tasks.sent[0]
+        url = f"/api/v1/task-calls/{tenant.id}/{call.task_id}/outcome"
+        client = Client()
+
+        def post(body: Any, token: str | None = call.token) -> Any:
+            headers = {"HTTP_X_CLEAT_TASK_TOKEN": token} if token is not None else {}
+            return client.post(url, json.dumps(body), content_type="application/json", **headers)
+
+        assert post({"status": "ok", "result": 1}, token=None).status_code == 401
+        assert post({"status": "ok", "result": 1}, token="forged").status_code == 403
+        bad = post({"status": "maybe"})
+        assert bad.status_code == 400 and bad.json()["error"]["field"] == "status"
+        assert post({"status": "error"}).json()["error"]["field"] == "error"
+        assert post({"status": "ok", "result": {"paid": True}}).json() == {"outcome": "recorded"}
+        assert post({"status": "ok", "result": {"paid": False}}).json() == {"outcome": "duplicate"}
+        env.run_until_idle()
+        second = tasks.sent[1]
+        url = f"/api/v1/task-calls/{tenant.id}/{second.task_id}/outcome"
+        assert post({"status": "permanent", "error": "no"}, token=second.token).json() == {
+            "outcome": "recorded"
+        }
+        env.run_until_idle()
+        assert env.result(run) == [[0, '{"paid":true}'], [2, "no"]]
+    finally:
+        env.close()
