@@ -223,7 +223,8 @@ CLEAT_MODULE_CACHE_DIR = env.str(
     "CLEAT_MODULE_CACHE_DIR", default=str(Path.home() / ".cache" / "cleat" / "modules")
 )
 # Services that durable_call reaches: {"service": "dotted.path"} for Python functions,
-# {"service": "https://base.url/"} for HTTP services.
+# {"service": "https://base.url/"} for HTTP services, {"service": "celery:pkg.tasks"} (with
+# ?queue=NAME&timeout=SECONDS) for Celery tasks (docs/celery.md).
 CLEAT_SERVICES = env.json("CLEAT_SERVICES", default={})
 # "service.operation" strings that record a write-ahead intent before dispatch.
 CLEAT_WRITE_AHEAD_OPS = env.list("CLEAT_WRITE_AHEAD_OPS", default=[])
@@ -235,6 +236,28 @@ CLEAT_FETCH_ALLOW = [e for e in env.list("CLEAT_FETCH_ALLOW", default=[]) if e.s
 CLEAT_FETCH_ALLOW_PRIVATE = env.bool("CLEAT_FETCH_ALLOW_PRIVATE", default=False)
 # {"plugin": "dotted.path"}: host plugins reachable through plugin_call.
 CLEAT_PLUGINS = env.json("CLEAT_PLUGINS", default={})
+# Celery (docs/celery.md): the broker (empty: no Celery), the app cleat publishes with, a
+# task call's default timeout, exception classes a task raises for PERMANENT (besides
+# engine.errors.PermanentError), and the base URL of this deployment that Celery workers
+# outside the project post outcomes to (empty: only the in-project hook reports).
+CELERY_BROKER_URL = env.str("CELERY_BROKER_URL", default="")
+CELERY_TASK_DEFAULT_QUEUE = env.str("CELERY_TASK_DEFAULT_QUEUE", default="celery")
+CELERY_TASK_ACKS_LATE = True
+CELERY_TASK_REJECT_ON_WORKER_LOST = True
+CELERY_WORKER_PREFETCH_MULTIPLIER = env.int("CELERY_WORKER_PREFETCH_MULTIPLIER", default=1)
+CELERY_BROKER_TRANSPORT_OPTIONS = env.json(
+    "CELERY_BROKER_TRANSPORT_OPTIONS", default={"visibility_timeout": 3600}
+)
+CLEAT_CELERY_APP = env.str("CLEAT_CELERY_APP", default="cleat_project.celery.app")
+CLEAT_CELERY_TIMEOUT_SECONDS = env.float("CLEAT_CELERY_TIMEOUT_SECONDS", default=3600.0)
+CLEAT_CELERY_PERMANENT_ERRORS = env.list("CLEAT_CELERY_PERMANENT_ERRORS", default=[])
+CLEAT_TASK_CALLBACK_URL = env.str("CLEAT_TASK_CALLBACK_URL", default="")
+# Maintenance on Celery beat: the reaper and the schedule tick (every periodic duty) run as
+# the beat task cleat.maintenance every CLEAT_BEAT_INTERVAL_SECONDS, not in runworker; the
+# reaper there returns runs whose heartbeat is older than CLEAT_LEASE_SECONDS.
+CLEAT_MAINTENANCE_ON_BEAT = env.bool("CLEAT_MAINTENANCE_ON_BEAT", default=False)
+CLEAT_BEAT_INTERVAL_SECONDS = env.float("CLEAT_BEAT_INTERVAL_SECONDS", default=1.0)
+CLEAT_LEASE_SECONDS = env.float("CLEAT_LEASE_SECONDS", default=60.0)
 # A waiting run re-checks its wait at least this often (recovers a wake lost to a crash).
 CLEAT_WAIT_RECHECK_SECONDS = env.float("CLEAT_WAIT_RECHECK_SECONDS", default=300.0)
 # Fairness between tenants: most runs of one tenant running at once, for a tenant that sets

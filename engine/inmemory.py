@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import itertools
 import json
+import secrets
 import threading
 import uuid
 from collections.abc import Callable, Collection, Sequence
@@ -29,6 +30,7 @@ from engine.storage import (
     CreateSchedule,
     DeleteSchedule,
     DeleteState,
+    DispatchTask,
     EnqueueInvocation,
     IncrState,
     Mutation,
@@ -41,9 +43,11 @@ from engine.storage import (
     SignalMessage,
     StartChild,
     StartDetached,
+    TaskCallRecord,
     UpdateRequest,
     child_status,
 )
+from engine.task_calls import Disposition, TaskCallState, disposition
 from engine.versions import NoSuchVersion, choose_version
 
 DEFAULT_POLICY = lifecycle.RunPolicy()
@@ -111,6 +115,8 @@ class InMemoryStorage:
         self.locks: dict[str, tuple[str, int | None]] = {}
         self.schedules: dict[str, dict[str, Any]] = {}
         self.invocations: list[EnqueueInvocation] = []
+        # (run id, step) -> a task call's record (engine.task_calls)
+        self.task_calls: dict[tuple[str, int], dict[str, Any]] = {}
         self.updates: dict[str, StoredUpdate] = {}
         # name -> {version: deprecated}; filled by whoever deploys definitions.
         self.definitions: dict[str, dict[int, bool]] = {}
@@ -250,6 +256,9 @@ class InMemoryStorage:
             for key in [k for k, (held_by, _) in self.locks.items() if held_by == holder]:
                 del self.locks[key]
         if transition.ended:
+            for (owner, _), call in self.task_calls.items():
+                if owner == run.run_id and call["state"] == TaskCallState.PENDING:
+                    call["state"] = TaskCallState.ABANDONED
             self._close_children(run)
             self._wake(run.parent_run_id)
             for update in self.updates.values():
@@ -274,6 +283,12 @@ class InMemoryStorage:
             child = self.runs.get(rid)
             if child is None or child.status in TERMINAL_STATUSES:
                 return True
+        task_id = wait.get("task_id")
+        if task_id and any(
+            c["task_id"] == task_id and c["state"] == TaskCallState.REPORTED
+            for c in self.task_calls.values()
+        ):
+            return True
         promise = self.promises.get(wait.get("promise_id") or "")
         return bool(promise and promise["status"] != "pending")
 
@@ -436,6 +451,54 @@ class InMemoryStorage:
                 raise StorageError(f"no pending intent at step {event.step} of {run.run_id}")
             record.history[event.step] = encode(event)
 
+    def task_call(self, run: RunRef, step: int) -> TaskCallRecord | None:
+        call = self.task_calls.get((run.run_id, step))
+        if call is None:
+            return None
+        reported = call["state"] in (TaskCallState.REPORTED, TaskCallState.SETTLED)
+        return TaskCallRecord(
+            call["task_id"],
+            call["token"],
+            call["sent"],
+            call["deadline_ms"],
+            call["status"] if reported else None,
+            call["payload"],
+        )
+
+    def task_sent(self, run: RunRef, step: int) -> None:
+        with self._lock:
+            self.task_calls[(run.run_id, step)]["sent"] = True
+
+    def settle_task_call(self, run: RunRef, event: Event) -> None:
+        with self._lock:
+            self.complete_intent(run, event)
+            self.task_calls[(run.run_id, event.step)]["state"] = TaskCallState.SETTLED
+
+    def report_task_outcome(
+        self, task_id: str, token: str, status: int, payload: str
+    ) -> Disposition:
+        """What the hook in a task's worker does: record the task's outcome (the rule is
+        :func:`engine.task_calls.disposition`) and wake the run."""
+        with self._lock:
+            found = next(
+                ((key, c) for key, c in self.task_calls.items() if c["task_id"] == task_id),
+                None,
+            )
+            if found is None:
+                return disposition(None, False, had_outcome=False, run_ended=False)
+            (run_id, _), call = found
+            run = self.runs[run_id]
+            verdict = disposition(
+                call["state"],
+                secrets.compare_digest(call["token"], token),
+                had_outcome=call["status"] is not None,
+                run_ended=run.status in TERMINAL_STATUSES,
+            )
+            if verdict is Disposition.RECORDED:
+                call.update(state=TaskCallState.REPORTED, status=int(status), payload=payload)
+                self._wake(run_id)
+            return verdict
+
     def apply(
         self,
         run: RunRef,
@@ -451,6 +514,20 @@ class InMemoryStorage:
 
     def _mutate(self, ref: RunRef, m: Mutation) -> Any:
         match m:
+            case DispatchTask():
+                self.task_calls[(ref.run_id, m.step)] = {
+                    "task_id": m.task_id,
+                    "token": m.token,
+                    "service": m.service,
+                    "operation": m.operation,
+                    "idempotency_key": m.idempotency_key,
+                    "deadline_ms": m.deadline_ms,
+                    "sent": False,
+                    "state": TaskCallState.PENDING,
+                    "status": None,
+                    "payload": "",
+                }
+                return None
             case SetState():
                 self.state[(m.scope, m.key)] = m.value
                 return None

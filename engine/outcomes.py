@@ -27,6 +27,7 @@ class WaitKind(StrEnum):
     CHILDREN = "children"
     ANY_CHILD = "any_child"
     PROMISE = "promise"
+    TASK = "task"  # a durable call running as a task elsewhere (a Celery task)
 
 
 def _clock_text(ms: int) -> str:
@@ -43,6 +44,10 @@ class WaitCondition:
     signals: tuple[str, ...] = ()
     run_ids: tuple[str, ...] = ()
     promise_id: str = ""
+    # TASK: the call it waits on, and the task's id in the system running it.
+    service: str = ""
+    operation: str = ""
+    task_id: str = ""
 
     def describe(self) -> str:
         until = f" until {_clock_text(self.wake_at_ms)}" if self.wake_at_ms is not None else ""
@@ -64,6 +69,8 @@ class WaitCondition:
                 return f"any of {len(self.run_ids)} children"
             case WaitKind.PROMISE:
                 return f"promise {self.promise_id[:8]}…{timeout}"
+            case WaitKind.TASK:
+                return f"task {self.service}.{self.operation} (task id {self.task_id}){timeout}"
         raise RuntimeError(f"unrecognised wait kind {self.kind!r}")
 
     def as_dict(self) -> dict[str, Any]:
@@ -73,6 +80,11 @@ class WaitCondition:
             "signals": list(self.signals),
             "run_ids": list(self.run_ids),
             "promise_id": self.promise_id,
+            **(
+                {"service": self.service, "operation": self.operation, "task_id": self.task_id}
+                if self.kind is WaitKind.TASK
+                else {}
+            ),
             "description": self.describe(),
         }
 

@@ -6,6 +6,12 @@
   ``fn(request, *, idempotency_key=..., context=...)`` with the request parsed from JSON and
   returns something JSON-serialisable. Raising :class:`engine.errors.PermanentError` maps to
   ``PERMANENT``; any other exception to ``ERROR``.
+* **Task services**: ``{"billing": "celery:billing.tasks?queue=payments"}``. The call runs as
+  a task in another system (a Celery task ``billing.tasks.<operation>``): the session sends it
+  once and suspends the run, and the task's outcome, recorded by a hook where the task runs,
+  becomes the call's reply (see :class:`TaskService`). A scheme (``celery``) is made into a
+  service by the factory registered for it (:func:`register_task_scheme`; the workflows app
+  registers Celery's); an object with a ``send_task_call`` method is a task service itself.
 * **HTTP services**: ``{"shipping": "https://ship.example/api/"}``. The operation is appended
   to the base URL and the request POSTed as JSON with an ``Idempotency-Key`` header;
   2xx is ``OK``, 4xx (except 408 and 429) is ``PERMANENT``, anything else ``ERROR``.
@@ -54,6 +60,43 @@ class CallResult(NamedTuple):
 class ServiceCaller(Protocol):
     def call(self, service: str, operation: str, request: str, context: CallContext) -> CallResult:
         """Make one call. Never raises for a failure of the service: returns its status."""
+
+
+@dataclass(frozen=True, slots=True)
+class TaskCall:
+    """One durable call sent as a task: everything the task's message carries."""
+
+    task_id: str
+    token: str  # per-call secret: an outcome reported for the call must carry it
+    request: str  # JSON
+    context: CallContext
+
+
+class TaskService(Protocol):
+    """A service whose operations run as tasks elsewhere (Celery). ``durable_call`` sends
+    the task and suspends the run; the outcome arrives later through storage."""
+
+    timeout_ms: int  # no outcome within this time: the call returns TIMEOUT
+
+    def send_task_call(self, call: TaskCall) -> None:
+        """Publish the task. Raises when it could not be sent (the session tries again)."""
+
+    def revoke_task_call(self, task_id: str) -> None:
+        """Best effort: the call's outcome is no longer wanted (timeout, cancellation)."""
+
+
+TaskServiceFactory = Callable[[str, str], TaskService]
+_task_schemes: dict[str, TaskServiceFactory] = {}
+
+
+def register_task_scheme(scheme: str, factory: TaskServiceFactory) -> None:
+    """Make ``scheme:target`` in ``CLEAT_SERVICES`` a task service: ``factory(target,
+    service_name)`` builds it on first use."""
+    _task_schemes[scheme] = factory
+
+
+def is_task_service(target: Any) -> bool:
+    return callable(getattr(target, "send_task_call", None))
 
 
 class AmbiguityResolver(Protocol):
@@ -183,11 +226,39 @@ class ServiceRegistry:
     def __init__(self, services: Mapping[str, Any] | None = None, http_timeout_s: float = 30.0):
         self._spec = dict(services or {})
         self._resolved: dict[str, PythonService | HttpService] = {}
+        self._tasks: dict[str, TaskService] = {}
         self.http_timeout_s = http_timeout_s
 
     def register(self, name: str, target: Any) -> None:
         self._spec[name] = target
         self._resolved.pop(name, None)
+        self._tasks.pop(name, None)
+
+    def task_service(self, name: str) -> TaskService | str | None:
+        """The task service ``name`` is bound to; None for any other kind of service; the
+        reason as text when it is a task service that cannot be built."""
+        found = self._tasks.get(name)
+        if found is not None:
+            return found
+        target = self._spec.get(name)
+        if is_task_service(target):
+            service: TaskService = target  # type: ignore[assignment]
+            self._tasks[name] = service
+            return service
+        if not isinstance(target, str) or target.startswith(("http://", "https://")):
+            return None
+        scheme, colon, rest = target.partition(":")
+        if not colon or "." in scheme:
+            return None
+        factory = _task_schemes.get(scheme)
+        if factory is None:
+            return f"service {name!r}: no task system {scheme!r} is installed (in {target!r})"
+        try:
+            built = factory(rest, name)
+        except (ImportError, ValueError) as exc:
+            return f"service {name!r} cannot be set up from {target!r}: {exc}"
+        self._tasks[name] = built
+        return built
 
     def _resolve(self, name: str) -> PythonService | HttpService | str:
         if name in self._resolved:
@@ -195,6 +266,9 @@ class ServiceRegistry:
         if name not in self._spec:
             return f"unknown service {name!r} (configure it in CLEAT_SERVICES)"
         target = self._spec[name]
+        tasks = self.task_service(name)
+        if tasks is not None:
+            return tasks if isinstance(tasks, str) else f"service {name!r} runs as tasks"
         try:
             if isinstance(target, str) and target.startswith(("http://", "https://")):
                 resolved: PythonService | HttpService = HttpService(target, self.http_timeout_s)

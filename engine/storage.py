@@ -188,6 +188,34 @@ class EnqueueInvocation:
     deliver_at_ms: int
 
 
+@dataclass(frozen=True, slots=True)
+class DispatchTask:
+    """A durable call sent as a task (``engine.services.TaskService``): the record the
+    task's outcome is written to, created with the call's write-ahead event. A call made
+    again at the same step (a retry that forgot its failure) replaces the record."""
+
+    step: int
+    task_id: str
+    token: str
+    service: str
+    operation: str
+    idempotency_key: str
+    deadline_ms: int | None
+
+
+@dataclass(frozen=True, slots=True)
+class TaskCallRecord:
+    """The record of a task call, as the session reads it when it replays the call."""
+
+    task_id: str
+    token: str
+    sent: bool
+    deadline_ms: int | None
+    # The outcome the task's worker reported (an ABI status and its payload), or None.
+    status: int | None = None
+    payload: str = ""
+
+
 Mutation = (
     SetState
     | DeleteState
@@ -202,6 +230,7 @@ Mutation = (
     | CreateSchedule
     | DeleteSchedule
     | EnqueueInvocation
+    | DispatchTask
 )
 
 
@@ -228,8 +257,8 @@ class WorkflowStorage(Protocol):
         Results: SetState/ReleaseLock/CreatePromise/SendSignal/EnqueueInvocation -> None;
         DeleteState -> bool (existed); IncrState -> int; AcquireLock -> bool; StartChild,
         StartDetached -> run id; SettlePromise -> None; CreateSchedule -> schedule id;
-        DeleteSchedule -> None. Raises :class:`~engine.errors.Refused` for a refusal the
-        workflow is told about (nothing is written then).
+        DeleteSchedule -> None; DispatchTask -> None. Raises :class:`~engine.errors.Refused`
+        for a refusal the workflow is told about (nothing is written then).
         """
 
     # Reads --------------------------------------------------------------------------------
@@ -255,6 +284,17 @@ class WorkflowStorage(Protocol):
     def list_schedules(self, run: RunRef) -> list[dict[str, Any]]: ...
 
     def pending_updates(self, run: RunRef, exclude: Collection[str]) -> list[UpdateRequest]: ...
+
+    # Task calls (``DispatchTask``) ----------------------------------------------------------
+    def task_call(self, run: RunRef, step: int) -> TaskCallRecord | None:
+        """The task call made at ``step`` of this run, None when there is none."""
+
+    def task_sent(self, run: RunRef, step: int) -> None:
+        """Note that the task of the call at ``step`` was published."""
+
+    def settle_task_call(self, run: RunRef, event: Event) -> None:
+        """Write the call's outcome over its write-ahead intent (``complete_intent``) and
+        close its record, so an outcome reported later is dropped as stale; fenced."""
 
     # Lease ----------------------------------------------------------------------------------
     def heartbeat(self, run: RunRef) -> bool:

@@ -83,6 +83,12 @@ class RecordingCaller:
         result: CallResult = self.inner.call(service, operation, request, context)
         return result
 
+    def task_service(self, name: str) -> Any:
+        """The inner caller's task service ``name`` (calls that run as tasks, which report
+        their outcome through :meth:`WorkflowEnvironment.report_task_outcome`)."""
+        lookup = getattr(self.inner, "task_service", None)
+        return lookup(name) if lookup is not None else None
+
 
 class WorkflowEnvironment:
     def __init__(
@@ -239,6 +245,12 @@ class WorkflowEnvironment:
 
     def force_fail(self, run_id: str, message: str, code: str = "error") -> None:
         self.storage.force_fail(run_id, message, code, operator="test")
+
+    def report_task_outcome(self, task_id: str, token: str, status: int, payload: str = "") -> str:
+        """What the hook in a task's worker does with a task's outcome (``OK`` with the
+        result's JSON, or an error status and message); returns what became of it
+        (``engine.task_calls.Disposition``)."""
+        return self.storage.report_task_outcome(task_id, token, status, payload).value
 
     def resolve_promise(self, promise_id: str, value: Any) -> None:
         self.storage.settle_promise(promise_id, value=dumps(value))

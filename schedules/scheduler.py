@@ -544,8 +544,9 @@ def scheduler_in_worker() -> bool:
 
 def worker_duty(worker: WorkerContext) -> ScheduleTicker | None:
     """The tick as a periodic duty of the worker loop (registered in SchedulesConfig.ready),
-    unless CLEAT_SCHEDULER_IN_WORKER is off."""
-    if not scheduler_in_worker():
+    unless CLEAT_SCHEDULER_IN_WORKER is off (the Celery beat task runs it whatever that says:
+    ``worker.on_beat``)."""
+    if not worker.on_beat and not scheduler_in_worker():
         return None
     return ScheduleTicker(worker.tenant, worker.poll_interval_s)
 

@@ -14,9 +14,13 @@ class WorkflowsConfig(AppConfig):
     def ready(self) -> None:
         from django.conf import settings
 
-        from workflows import faults
+        from workflows import celery_calls, duties, faults
+        from workflows.maintenance import reaper_duty
 
         checks.register(check_fetch_allow_list)
+        celery_calls.register()
+        # First, so a pass of the loop reaps before the apps' duties (and the claim) run.
+        duties.register("reaper", reaper_duty)
         # Test-only fault injection; both settings are empty in production (nothing happens).
         faults.install(
             getattr(settings, "CLEAT_TEST_CRASH_AT", ""),

@@ -1,5 +1,9 @@
-"""Periodic duties: work the worker loop runs besides its own (claims, heartbeats, reaping,
-invocation delivery), for the apps built on workflows.
+"""Periodic duties: work the worker loop runs besides its own (claims, heartbeats, invocation
+delivery): the reaper (``workflows.maintenance``), and what the apps built on workflows add.
+
+When Celery runs the maintenance (``CLEAT_MAINTENANCE_ON_BEAT``), the worker loops run no
+duty and the Celery beat task ``cleat.maintenance`` (``workflows/tasks.py``) runs the same
+duties, started with ``on_beat=True``.
 
 ``workflows`` is the lower layer: it must not know the apps above it (the schedules app
 imports workflows, never the reverse). An app that wants its work done from every worker
@@ -37,6 +41,10 @@ class WorkerContext:
     worker_id: str
     tenant: uuid.UUID | None  # the one tenant the worker serves, None for all
     poll_interval_s: float
+    lease_s: float = 60.0  # the worker's lease (the reaper returns runs older than that)
+    # Started by the Celery beat task (workflows/tasks.py), not by a worker loop: a duty a
+    # setting keeps out of the worker loop (CLEAT_SCHEDULER_IN_WORKER) runs there anyway.
+    on_beat: bool = False
 
 
 DutyFactory = Callable[[WorkerContext], Duty | None]

@@ -472,6 +472,43 @@ class Invocation(TenantScoped):
         indexes = [models.Index(fields=["status", "deliver_at"], name="invocation_due")]
 
 
+class TaskCall(TenantScoped):
+    """A durable call running as a task elsewhere (a Celery task): made with the call's
+    write-ahead event, its outcome written here by the hook in the task's worker (or the
+    callback endpoint), then into the run's history. States: ``engine.task_calls``."""
+
+    class State(models.TextChoices):
+        PENDING = "pending", "pending"
+        REPORTED = "reported", "reported"
+        SETTLED = "settled", "settled"
+        ABANDONED = "abandoned", "abandoned"
+
+    id = models.UUIDField(primary_key=True, help_text="The task's id in the task system.")
+    instance = models.ForeignKey(
+        WorkflowInstance, on_delete=models.CASCADE, related_name="task_calls"
+    )
+    step = models.PositiveIntegerField()
+    service = models.CharField(max_length=128)
+    operation = models.CharField(max_length=128)
+    idempotency_key = models.CharField(max_length=64)
+    # The per-call secret an outcome must carry (it travels in the task's headers).
+    token = models.CharField(max_length=64)
+    state = models.CharField(max_length=16, choices=State.choices, default=State.PENDING)
+    sent = models.BooleanField(default=False)
+    deadline_ms = models.BigIntegerField(null=True, blank=True)
+    status = models.PositiveSmallIntegerField(
+        null=True, blank=True, help_text="The ABI status the task's outcome maps to."
+    )
+    payload = models.TextField(blank=True, default="")
+    created_at = models.DateTimeField(default=timezone.now)
+    reported_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        constraints = [
+            models.UniqueConstraint(fields=["instance", "step"], name="task_call_step_unique")
+        ]
+
+
 class AuditLog(TenantScoped):
     """What an operator did, written in the same transaction as the change itself."""
 

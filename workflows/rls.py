@@ -42,6 +42,7 @@ WORKFLOW_TABLES = (
     "workflows_concurrencykey",
     "workflows_workflowstate",
     "workflows_invocation",
+    "workflows_taskcall",
     "workflows_auditlog",
 )
 

@@ -30,6 +30,7 @@ from workflows.models import (
     continue_chain,
     instance_summary,
 )
+from workflows.store import task_calls
 from workflows.store.lifecycle import claim_ready_instances
 from workflows.tenancy import tenant_context
 
@@ -168,6 +169,13 @@ class DatabaseWorkflowEnvironment:
 
     def force_fail(self, run_id: str, message: str, code: str = "error") -> None:
         svc.force_fail(self.tenant, run_id, None, message, code, operator="test")
+
+    def report_task_outcome(self, task_id: str, token: str, status: int, payload: str = "") -> str:
+        """What the hook in a Celery worker does with a task's outcome; returns what became
+        of it (``engine.task_calls.Disposition``)."""
+        return task_calls.report_outcome(
+            self.tenant.id, task_id, token, status, payload, now=self.clock.now()
+        ).value
 
     def resolve_promise(self, promise_id: str, value: Any) -> None:
         svc.settle_promise(self.tenant, promise_id, value=value)

@@ -38,6 +38,7 @@ from prometheus_client import Counter, Gauge, Histogram
 
 from workflows import duties
 from workflows.executor import SegmentReport, execute_claim, get_services
+from workflows.maintenance import maintenance_on_beat
 from workflows.store import invocations
 from workflows.store.lifecycle import (
     Claim,
@@ -45,7 +46,6 @@ from workflows.store.lifecycle import (
     database_now,
     heartbeat_worker,
     next_due_at,
-    reap_expired_leases,
 )
 from workflows.store.sql import queries
 
@@ -55,7 +55,6 @@ SEGMENTS = Counter("cleat_segments_total", "Execution segments run", ["outcome"]
 STEPS = Counter("cleat_steps_total", "Durable steps recorded")
 SEGMENT_SECONDS = Histogram("cleat_segment_seconds", "Wall time of one segment")
 CLAIMED = Counter("cleat_claimed_total", "Runs claimed")
-REAPED = Counter("cleat_reaped_total", "Expired leases reaped")
 LOOP_ERRORS = Counter("cleat_worker_loop_errors_total", "Errors caught by the worker loop")
 INFLIGHT = Gauge("cleat_worker_inflight", "Segments running now")
 
@@ -186,9 +185,16 @@ class Worker:
         self._listener: _PgListener | None = None
         self._next_invocation_check = 0.0
         self._clock = DatabaseClock()
-        # What the apps above registered (the schedules app's tick, see workflows/duties.py).
-        self._duties = duties.start(
-            duties.WorkerContext(options.worker_id, options.tenant, options.poll_interval_s)
+        # The reaper and what the apps above registered (the schedules app's tick, see
+        # workflows/duties.py); none when Celery beat runs them (CLEAT_MAINTENANCE_ON_BEAT).
+        self._duties = (
+            []
+            if maintenance_on_beat()
+            else duties.start(
+                duties.WorkerContext(
+                    options.worker_id, options.tenant, options.poll_interval_s, options.lease_s
+                )
+            )
         )
 
     def stop(self, *_: Any) -> None:
@@ -223,8 +229,7 @@ class Worker:
             self._listener = _PgListener(connection.get_connection_params(), listen, self._wake.set)
             self._listener.start()
         pool = ThreadPoolExecutor(max_workers=opts.concurrency, thread_name_prefix="cleat-segment")
-        lease = timedelta(seconds=opts.lease_s)
-        last_beat = last_reap = 0.0
+        last_beat = 0.0
         errors = 0
         try:
             while not self._stop.is_set():
@@ -241,12 +246,6 @@ class Worker:
                     if self._inflight and tick - last_beat >= opts.lease_s / 3:
                         heartbeat_worker(opts.worker_id, now)
                         last_beat = tick
-                    if tick - last_reap >= opts.lease_s / 2:
-                        reaped = reap_expired_leases(lease, now)
-                        if reaped:
-                            REAPED.inc(reaped)
-                            log.info("event=reaped count=%d", reaped)
-                        last_reap = tick
                     free = self._free_slots()
                     # Burst ends only when a claim found nothing due with nothing in flight:
                     # an empty claim for lack of capacity, or while running segments could

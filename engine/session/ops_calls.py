@@ -7,8 +7,10 @@ from __future__ import annotations
 import functools
 import json
 import logging
+import secrets
 import threading
 import time
+import uuid
 from typing import Any
 
 from engine.determinism import derived_uuid
@@ -25,7 +27,8 @@ from engine.events import (
     record_maker,
 )
 from engine.faults import crash_point
-from engine.services import CallContext, CallResult
+from engine.outcomes import WaitCondition, WaitKind
+from engine.services import CallContext, CallResult, TaskCall, TaskService
 from engine.session.replay import (
     OK_EMPTY,
     ReplayCore,
@@ -35,11 +38,13 @@ from engine.session.replay import (
     parse_string_list,
 )
 from engine.status import AbiStatus
-from engine.storage import EnqueueInvocation
+from engine.storage import DispatchTask, EnqueueInvocation, TaskCallRecord
 
 log = logging.getLogger("cleat.engine")
 
 MAX_RETRY_ATTEMPTS = 100
+# A task that could not be published (the broker away) is tried again this much later.
+TASK_SEND_RETRY_MS = 2_000
 # A NamedTuple's own __new__ is a Python function; tuple.__new__ builds the same instance.
 _new_tuple = tuple.__new__
 # Built without the frozen dataclasses' per-field ``object.__setattr__`` (see record_maker):
@@ -55,11 +60,16 @@ class CallOps(ReplayCore):
     # --- calls ---
 
     def durable_call(self, service: str, operation: str, request: str) -> Reply:
+        tasks = self._task_service(service)
         event = self._match(CallEvent, (service, operation, request))
         if event is not None:
             if event.pending:
+                if tasks is not None:
+                    return self._call_reply(self._await_task(tasks, event))
                 return self._resolve_intent(event)
             return self._call_reply(event)
+        if tasks is not None:
+            return self._call_reply(self._send_task(tasks, service, operation, request))
         step = self.step
         context = self._context(service, operation, step)
         write_ahead_ops = self.config.write_ahead_ops
@@ -85,6 +95,183 @@ class CallOps(ReplayCore):
         else:
             self._record_now(event)
         return self._call_reply(event)
+
+    # --- calls that run as tasks (engine.services.TaskService) ---
+    #
+    # The call's write-ahead intent and the record its outcome goes to are written together
+    # (``DispatchTask``), then the task is published and the run suspends: no thread waits
+    # for the task. The worker that runs the task records its outcome on the record and wakes
+    # the run; the next segment replays to the intent, finds the outcome and writes it over
+    # the intent, so later replays answer from the history and nothing is sent again. A
+    # segment that died between the write and the publish leaves a record not marked sent:
+    # the next one publishes it (the same task id and idempotency key).
+
+    def _task_service(self, service: str) -> TaskService | None:
+        lookup = getattr(self.services.caller, "task_service", None)
+        if lookup is None:
+            return None
+        found = lookup(service)
+        return None if found is None or isinstance(found, str) else found
+
+    def _send_task(
+        self,
+        tasks: TaskService,
+        service: str,
+        operation: str,
+        request: str,
+        attempt: int = 1,
+        key_step: int | None = None,
+    ) -> CallEvent:
+        cancelled = self._blocking_preamble()
+        step = self.step
+        if cancelled is not None:  # like every blocking call: not even started
+            result = CallResult(AbiStatus.CANCELLED, f"the run was cancelled: {cancelled}")
+            return self._record(
+                self._call_event(step, service, operation, request, result, attempt)
+            )
+        context = self._context(service, operation, step if key_step is None else key_step, attempt)
+        task_id = str(uuid.uuid4())
+        token = secrets.token_urlsafe(24)
+        timeout_ms = int(tasks.timeout_ms)
+        deadline = self._vnow + timeout_ms if timeout_ms > 0 else None
+        intent = CallEvent(
+            step=step,
+            ts=self._stamp(),
+            service=service,
+            operation=operation,
+            request=request,
+            pending=True,
+            attempt=attempt,
+        )
+        dispatch = DispatchTask(
+            step=step,
+            task_id=task_id,
+            token=token,
+            service=service,
+            operation=operation,
+            idempotency_key=context.idempotency_key,
+            deadline_ms=deadline,
+        )
+
+        def refused(exc: Refused) -> CallEvent:
+            raise StorageError(f"storage refused a task call: {exc.message}")
+
+        self._apply(dispatch, lambda _: intent, refused)
+        state = TaskCallRecord(task_id, token, False, deadline)
+        raise self._publish(tasks, intent, state, context)
+
+    def _await_task(
+        self, tasks: TaskService, intent: CallEvent, key_step: int | None = None
+    ) -> CallEvent:
+        """Replaying a task call's intent: its outcome if reported (written over the
+        intent), TIMEOUT or CANCELLED (the task revoked), else suspend again."""
+        state = self.storage.task_call(self.ref, intent.step)
+        if state is None:  # an intent of another kind of call: the worker died in it
+            return self._completed_intent(intent, self._resolve_intent(intent))
+        if state.status is not None:
+            return self._settle_task(intent, CallResult(AbiStatus(state.status), state.payload))
+        cancelled = self._blocking_preamble()
+        if cancelled is not None:
+            self._revoke(tasks, state.task_id)
+            return self._settle_task(
+                intent, CallResult(AbiStatus.CANCELLED, f"the run was cancelled: {cancelled}")
+            )
+        if self._due(state.deadline_ms):
+            self._revoke(tasks, state.task_id)
+            return self._settle_task(
+                intent,
+                CallResult(
+                    AbiStatus.TIMEOUT,
+                    f"task {intent.service}.{intent.operation} ({state.task_id}) reported no "
+                    f"outcome within {tasks.timeout_ms} ms",
+                ),
+            )
+        if not state.sent:
+            context = self._context(
+                intent.service,
+                intent.operation,
+                intent.step if key_step is None else key_step,
+                intent.attempt,
+            )
+            raise self._publish(tasks, intent, state, context)
+        raise self._suspend(self._task_wait(intent, state))
+
+    def _publish(
+        self, tasks: TaskService, intent: CallEvent, state: TaskCallRecord, context: CallContext
+    ) -> Exception:
+        """Publish the task, note it sent, and return the suspension to raise."""
+        call = TaskCall(state.task_id, state.token, intent.request, context)
+        wait = self._task_wait(intent, state)
+        try:
+            tasks.send_task_call(call)
+        except Exception as exc:
+            log.warning(
+                "event=task_send_failed run=%s step=%d task=%s detail=%r",
+                self.ref.run_id,
+                intent.step,
+                state.task_id,
+                str(exc)[:300],
+            )
+            retry_at = self.clock() + TASK_SEND_RETRY_MS
+            if wait.wake_at_ms is not None:
+                retry_at = min(retry_at, wait.wake_at_ms)
+            return self._suspend(
+                WaitCondition(
+                    WaitKind.TASK,
+                    wake_at_ms=retry_at,
+                    service=wait.service,
+                    operation=wait.operation,
+                    task_id=wait.task_id,
+                )
+            )
+        self.storage.task_sent(self.ref, intent.step)
+        return self._suspend(wait)
+
+    @staticmethod
+    def _task_wait(intent: CallEvent, state: TaskCallRecord) -> WaitCondition:
+        return WaitCondition(
+            WaitKind.TASK,
+            wake_at_ms=state.deadline_ms,
+            service=intent.service,
+            operation=intent.operation,
+            task_id=state.task_id,
+        )
+
+    def _revoke(self, tasks: TaskService, task_id: str) -> None:
+        try:
+            tasks.revoke_task_call(task_id)
+        except Exception:
+            log.exception("could not revoke task %s", task_id)
+
+    def _settle_task(self, intent: CallEvent, result: CallResult) -> CallEvent:
+        event = self._call_event(
+            intent.step,
+            intent.service,
+            intent.operation,
+            intent.request,
+            result,
+            intent.attempt,
+        )
+        event = CallEvent(**{**event_fields(event), "ts": max(event.ts, intent.ts, self._vnow)})
+        self.storage.settle_task_call(self.ref, event)
+        if event.ts > self._vnow:
+            self._vnow = event.ts
+        return event
+
+    def _completed_intent(self, intent: CallEvent, reply: Reply) -> CallEvent:
+        status = AbiStatus(reply.status)
+        ok = status == AbiStatus.OK
+        return _new_call_event(
+            step=intent.step,
+            ts=intent.ts,
+            service=intent.service,
+            operation=intent.operation,
+            request=intent.request,
+            response=reply.payload if ok else "",
+            error="" if ok else reply.payload,
+            status=int(status),
+            attempt=intent.attempt,
+        )
 
     def _call_event(
         self,
@@ -164,9 +351,20 @@ class CallOps(ReplayCore):
         coefficient = max(100, int(backoff_coefficient_x100)) / 100
         first_step: int | None = None
         attempt = 1
+        tasks = self._task_service(service)
         while True:
             event = self._match(CallEvent, (service, operation, request))
-            if event is None:
+            if event is not None and event.pending and tasks is not None:
+                if first_step is None:
+                    first_step = event.step
+                event = self._await_task(tasks, event, key_step=first_step)
+            elif event is None and tasks is not None:
+                if first_step is None:
+                    first_step = self.step
+                event = self._send_task(
+                    tasks, service, operation, request, attempt, key_step=first_step
+                )
+            elif event is None:
                 step = self.step
                 if first_step is None:
                     first_step = step

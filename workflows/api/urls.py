@@ -11,6 +11,7 @@ from rest_framework.routers import SimpleRouter
 
 from workflows.api.errors import not_found_view
 from workflows.api.health import HealthView, MetricsView
+from workflows.api.task_calls import TaskOutcomeView
 from workflows.api.views import (
     NAME_REGEX,
     DefinitionVersionViewSet,
@@ -34,6 +35,12 @@ router.register("promises", PromiseViewSet, basename="promise")
 urlpatterns = [
     path("api/schema/", SpectacularAPIView.as_view(), name="api-schema"),
     path("api/docs/", SpectacularSwaggerView.as_view(url_name="api-schema"), name="api-docs"),
+    # Authenticated by the call's token, not an API key (workflows/api/task_calls.py).
+    path(
+        "api/v1/task-calls/<uuid:tenant>/<uuid:task_id>/outcome",
+        TaskOutcomeView.as_view(),
+        name="task-call-outcome",
+    ),
     # Anything else under /api/ is a JSON 404, whatever DEBUG says.
     re_path(r"^api/", not_found_view),
     path("healthz", HealthView.as_view(), name="healthz"),

@@ -46,13 +46,14 @@ from workflows.models import (
     Promise,
     RunStatus,
     Signal,
+    TaskCall,
     Tenant,
     UpdateRequest,
     WorkflowDefinition,
     WorkflowEvent,
     WorkflowInstance,
 )
-from workflows.store import wake
+from workflows.store import task_calls, wake
 from workflows.store.sql import queries
 from workflows.store.storage import (
     append_locked,
@@ -440,6 +441,10 @@ def apply_transition(
             tenant_id=instance.tenant_id, holder=transition.release_locks_of
         ).delete()
     if transition.ended:
+        if transition.status != RunStatus.DONE:
+            # A segment completes only after all its calls returned; any other end may
+            # leave task calls out (a failure in replay, a close from outside).
+            task_calls.abandon(instance)
         _close_children(instance, now)
         _fail_pending_updates(instance, transition.updates_failure, now)
         if instance.parent_id:
@@ -622,6 +627,9 @@ def _wakeup_arrived(instance: WorkflowInstance, wait: dict[str, object]) -> bool
         and WorkflowInstance.objects.filter(id__in=run_ids, status__in=TERMINAL_STATUSES).exists()
     ):
         return True
+    task_id = wait.get("task_id")
+    if task_id and TaskCall.objects.filter(id=task_id, state=TaskCall.State.REPORTED).exists():
+        return True
     promise_id = wait.get("promise_id")
     return bool(
         promise_id
@@ -668,6 +676,8 @@ def close_instance(
     )
     instance.refresh_from_db()
     apply_transition(instance, transition, now)
+    if transition.status == RunStatus.DONE:  # force-complete: the others abandon above
+        task_calls.abandon(instance)
 
 
 def terminate_instance(instance: WorkflowInstance, reason: str, now: datetime) -> None:

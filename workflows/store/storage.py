@@ -31,6 +31,7 @@ from engine.storage import (
     CreateSchedule,
     DeleteSchedule,
     DeleteState,
+    DispatchTask,
     EnqueueInvocation,
     IncrState,
     Mutation,
@@ -43,6 +44,7 @@ from engine.storage import (
     SignalMessage,
     StartChild,
     StartDetached,
+    TaskCallRecord,
     UpdateRequest,
     child_status,
 )
@@ -56,6 +58,7 @@ from workflows.models import (
     Promise,
     RunStatus,
     Signal,
+    TaskCall,
     WorkflowDefinition,
     WorkflowEvent,
     WorkflowInstance,
@@ -379,6 +382,23 @@ class DjangoStorage:
             case DeleteSchedule():
                 crons.delete(tenant, m)
                 return None
+            case DispatchTask():
+                # A call made again at this step (a retry that forgot its failure) replaces
+                # the old record: an outcome of the old task no longer matches a token.
+                TaskCall.objects.filter(instance_id=ref.run_id, step=m.step).delete()
+                TaskCall.objects.create(
+                    id=m.task_id,
+                    tenant_id=tenant,
+                    instance_id=ref.run_id,
+                    step=m.step,
+                    service=m.service,
+                    operation=m.operation,
+                    idempotency_key=m.idempotency_key,
+                    token=m.token,
+                    deadline_ms=m.deadline_ms,
+                    created_at=now,
+                )
+                return None
             case EnqueueInvocation():
                 Invocation.objects.get_or_create(
                     id=m.invocation_id,
@@ -511,6 +531,44 @@ class DjangoStorage:
                 .values_list("id", "name", "payload")
             )
             return [UpdateRequest(str(i), n, p) for i, n, p in rows if str(i) not in exclude]
+
+    # --- task calls -----------------------------------------------------------------------
+
+    def task_call(self, run: RunRef, step: int) -> TaskCallRecord | None:
+        with tenant_context(self.tenant_id):
+            row = (
+                TaskCall.objects.filter(tenant_id=self.tenant_id, instance_id=run.run_id, step=step)
+                .values_list("id", "token", "sent", "deadline_ms", "status", "payload")
+                .first()
+            )
+        if row is None:
+            return None
+        task_id, token, sent, deadline_ms, status, payload = row
+        return TaskCallRecord(str(task_id), token, sent, deadline_ms, status, payload)
+
+    def task_sent(self, run: RunRef, step: int) -> None:
+        with tenant_context(self.tenant_id):
+            TaskCall.objects.filter(
+                tenant_id=self.tenant_id, instance_id=run.run_id, step=step
+            ).update(sent=True)
+
+    def settle_task_call(self, run: RunRef, event: Event) -> None:
+        stored = encode(event)
+        with tenant_context(self.tenant_id):
+            lock_fenced(run)
+            updated = WorkflowEvent.objects.filter(
+                instance_id=run.run_id, step=event.step, checksum=""
+            ).update(
+                type_code=stored.type_code,
+                payload=stored.payload,
+                timestamp_ms=stored.ts,
+                checksum=stored.checksum,
+            )
+            if updated != 1:
+                raise StorageError(f"no pending intent at step {event.step} of {run.run_id}")
+            TaskCall.objects.filter(instance_id=run.run_id, step=event.step).update(
+                state=TaskCall.State.SETTLED
+            )
 
     def heartbeat(self, run: RunRef) -> bool:
         with tenant_context(self.tenant_id):
