@@ -117,7 +117,7 @@ def test_a_failing_charge_is_retried_durably_then_compensated(saga: bytes) -> No
 # --- every wrapper compiles, and imports the host function it wraps ---------------------------
 
 CHECKS = ROOT / "tests" / "fixtures" / "guest_checks"
-TOUR_SUFFIXES = (".rs", ".c")
+TOUR_SUFFIXES = (".rs", ".c", ".zig", ".ts")
 
 
 def _imports(wasm: bytes) -> dict[str, tuple[list[str], list[str]]]:
