@@ -169,11 +169,14 @@ TOUR_RESULT = {
     "child": {"x": 1},
     "workflow_id_set": True,
     "version": 1,
+    "promised": 7,
+    "locked": True,
+    "scope_is_object": True,
 }
 
 
 @pytest.mark.parametrize("suffix", TOUR_SUFFIXES)
-def test_the_tour_of_state_identity_timers_signals_and_children(suffix: str) -> None:
+def test_the_tour_of_state_identity_timers_signals_promises_locks_and_children(suffix: str) -> None:
     env = WorkflowEnvironment({})
     env.deploy("tour", built(CHECKS / f"tour{suffix}"))
     run = env.run("tour", {"n": 2})
@@ -183,4 +186,5 @@ def test_the_tour_of_state_identity_timers_signals_and_children(suffix: str) -> 
     assert env.result(run) == TOUR_RESULT
     types = event_types(env, run)
     assert {"state_mutation", "side_effect", "sleep", "child_workflow", "await_child"} <= set(types)
+    assert {"create_promise", "promise_resolved", "await_promise", "acquire_lock"} <= set(types)
     assert_replays_quietly(env, run)
