@@ -71,7 +71,7 @@ def test_build_and_deploy_commands_store_a_core_module(
     call_command("start_workflow", "order_saga", "--input", order, stdout=out)
     run_id = out.getvalue().strip().splitlines()[-1]
     with tenant_context(tenant.id):
-        instance = WorkflowInstance.objects.get(id=run_id)
+        instance = WorkflowInstance.objects.select_related("definition").get(id=run_id)
     assert (instance.definition.name, json.loads(instance.input)) == (
         "order_saga",
         json.loads(order),

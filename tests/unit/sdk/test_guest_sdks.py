@@ -117,6 +117,7 @@ def test_a_failing_charge_is_retried_durably_then_compensated(saga: bytes) -> No
 # --- every wrapper compiles, and imports the host function it wraps ---------------------------
 
 CHECKS = ROOT / "tests" / "fixtures" / "guest_checks"
+TOUR_SUFFIXES = (".rs", ".c", ".zig", ".ts")
 
 
 def _imports(wasm: bytes) -> dict[str, tuple[list[str], list[str]]]:
@@ -150,3 +151,40 @@ def test_each_saga_imports_only_host_functions_with_the_abis_types(language: str
     for name, (params, results) in _imports(built_example(language, "order_saga")).items():
         imp = IMPORTS_BY_NAME[name]
         assert (params, results) == (wasm_param_types(imp.params), ["i64"]), name
+
+
+# --- the wrappers beyond the saga's, at run time ------------------------------------------------
+
+TOUR_RESULT = {
+    "count": 3,
+    "has": True,
+    "stored": 3,
+    "listed": ["count"],
+    "deleted": True,
+    "after": None,
+    "uuid_len": 36,
+    "side": 42,
+    "slept": True,
+    "polled": None,
+    "child": {"x": 1},
+    "workflow_id_set": True,
+    "version": 1,
+    "promised": 7,
+    "locked": True,
+    "scope_is_object": True,
+}
+
+
+@pytest.mark.parametrize("suffix", TOUR_SUFFIXES)
+def test_the_tour_of_state_identity_timers_signals_promises_locks_and_children(suffix: str) -> None:
+    env = WorkflowEnvironment({})
+    env.deploy("tour", built(CHECKS / f"tour{suffix}"))
+    run = env.run("tour", {"n": 2})
+    assert env.status(run) == "ready", "the durable sleep suspends the run"
+    env.advance(seconds=1)
+    env.run_until_idle()
+    assert env.result(run) == TOUR_RESULT
+    types = event_types(env, run)
+    assert {"state_mutation", "side_effect", "sleep", "child_workflow", "await_child"} <= set(types)
+    assert {"create_promise", "promise_resolved", "await_promise", "acquire_lock"} <= set(types)
+    assert_replays_quietly(env, run)
