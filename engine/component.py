@@ -158,6 +158,8 @@ class ComponentSession(ExecutionSession):
         super().__init__(run, history, storage, services, config, clock)
         self._updates_due: deque[UpdateAppliedEvent] = deque()
         self._updates_taken: set[str] = set()
+        # Where the guest's code was when it last announced a clock wait (GUEST_WAIT_MARK).
+        self.wait_location = ""
 
     def _run_update(self, event: UpdateAppliedEvent) -> None:
         self._applied_update_ids.add(event.update_id)
@@ -529,12 +531,16 @@ def _monotonic_resolution(store: Any) -> int:
 
 
 def _monotonic_wait(store: Any, *args: Any) -> Any:
+    frame = _frame()
+    location = frame[0].wait_location if frame is not None else ""
+    # The SDK announces time.sleep with the workflow's file and line (GUEST_WAIT_MARK); the
+    # host sees no Python frames of its own.
+    where = f"{location}: " if location else ""
     fault = GuestFault(
         f"{MONOTONIC_CLOCK}#subscribe",
-        "waiting on the clock (time.sleep, asyncio timers) is not durable and not replay-safe "
-        "in a workflow; use ctx.sleep()",
+        f"{where}waiting on the clock (time.sleep, asyncio timers) is not durable and not "
+        "replay-safe in a workflow; use ctx.sleep()",
     )
-    frame = _frame()
     if frame is not None and frame[0].exit is None:
         frame[0].exit = fault
     raise fault
@@ -570,16 +576,32 @@ _WASI_FUNCTIONS: dict[str, tuple[tuple[str, Callable[..., Any]], ...]] = {
 }
 
 
-def _guest_output(stream: str) -> Callable[[bytes], None]:
+# The line the SDK writes to stderr just before ``time.sleep`` waits on the clock (a guest
+# fault), followed by ``file:line in function`` of the workflow's call; the same text is
+# ``WAIT_MARK`` in ``cleat_workflow._guest`` (a wire contract, like GUEST_MEMORY_ERROR).
+GUEST_WAIT_MARK = "cleat:clock-wait-at "
+
+
+def _guest_output(stream: str, session: ComponentSession | None) -> Callable[[bytes], None]:
     """stdout/stderr of the guest, to the ``cleat.guest`` logger; dropped while the segment
-    replays, so a ``print`` is logged once like ``ctx.log``."""
+    replays, so a ``print`` is logged once like ``ctx.log``. The segment's ``session`` is
+    bound here, not looked up: wasmtime may call this from a thread of its own."""
 
     def write(data: bytes) -> None:
-        frame = _frame()
-        if frame is not None and frame[0].replaying:
+        text = data.decode("utf-8", "replace")
+        if GUEST_WAIT_MARK in text:
+            kept = []
+            for line in text.splitlines():
+                if line.startswith(GUEST_WAIT_MARK):
+                    if session is not None:
+                        session.wait_location = line[len(GUEST_WAIT_MARK) :].strip()[:300]
+                else:
+                    kept.append(line)
+            text = "\n".join(kept)
+        if session is not None and session.replaying:
             return
-        run = frame[0].ref.run_id if frame is not None else "-"
-        for line in data.decode("utf-8", "replace").splitlines():
+        run = session.ref.run_id if session is not None else "-"
+        for line in text.splitlines():
             if line.strip():
                 guest_log.info("run %s %s: %s", run, stream, line)
 
@@ -661,12 +683,13 @@ class ComponentBackend:
                 self._wasi_names = names
             return self._linker
 
-    def _new_store(self) -> wasmtime.Store:
-        """The core module's store (same limits, deadline and fuel), plus WASI output."""
+    def _new_store(self, session: ComponentSession | None = None) -> wasmtime.Store:
+        """The core module's store (same limits, deadline and fuel), plus WASI output (to
+        ``session``'s run, when the store runs a segment)."""
         store = new_store(self.engine, self.config)
         wasi = wasmtime.WasiConfig()
-        wasi.stdout_custom = _guest_output("stdout")
-        wasi.stderr_custom = _guest_output("stderr")
+        wasi.stdout_custom = _guest_output("stdout", session)
+        wasi.stderr_custom = _guest_output("stderr", session)
         store.set_wasi(wasi)
         return store
 
@@ -849,7 +872,7 @@ class ComponentBackend:
                 )
             outcome: Outcome = failed(ErrorCode.INVALID_MODULE, message)
             return session.result(outcome, time.monotonic() - started)
-        store = self._new_store()
+        store = self._new_store(session)
         try:
             instance = ComponentInstance(
                 store,

@@ -7,6 +7,7 @@ One root exception (:class:`EngineError`); wasmtime's errors are translated at t
 from __future__ import annotations
 
 import enum
+import re
 
 
 class ErrorCode(enum.StrEnum):
@@ -102,6 +103,22 @@ class NondeterminismError(WorkflowExit):
         self.step = step
         self.recorded = recorded
         self.attempted = attempted
+
+    @classmethod
+    def from_message(cls, message: str) -> NondeterminismError | None:
+        """The error a ``nondeterminism`` failure's message was made from (the message is
+        all a finished segment keeps of it), or None for a message not of that form."""
+        found = _NONDETERMINISM_MESSAGE.fullmatch(message)
+        if found is None:
+            return None
+        return cls(int(found["step"]), found["recorded"], found["attempted"])
+
+
+_NONDETERMINISM_MESSAGE = re.compile(
+    r"non-determinism at step (?P<step>\d+): the history recorded (?P<recorded>.*?), "
+    r"but the workflow now calls (?P<attempted>.*)",
+    re.DOTALL,
+)
 
 
 class HistoryCorrupt(WorkflowExit):

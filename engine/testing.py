@@ -23,6 +23,15 @@ by default 3 attempts, 1 s then 2 s, as a deployed definition) and then dead-let
 the locks its workflow holds. ``assert_replays`` re-runs a run from its full history with
 storage and services that refuse every write and call, which is the determinism check a
 worker relies on.
+
+:func:`replay` is the other half, Temporal's replayer: a history exported from a real run
+(``manage.py export_history RUN_ID``, :mod:`engine.recorded`) replayed against a new build
+of the workflow, in a unit test::
+
+    from engine.testing import replay
+
+    def test_the_new_build_replays_production_runs(new_order_wasm):
+        replay("tests/histories/order-1.json", new_order_wasm)   # NondeterminismError if not
 """
 
 from __future__ import annotations
@@ -30,15 +39,18 @@ from __future__ import annotations
 import json
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 from engine.config import EngineConfig
-from engine.errors import EngineError
+from engine.errors import EngineError, ErrorCode, HistoryCorrupt, NondeterminismError
 from engine.events import Event, decode
 from engine.inmemory import InMemoryStorage, dumps
 from engine.lifecycle import RetryPolicy, RunPolicy
+from engine.outcomes import Suspend, WaitCondition, WaitKind
+from engine.recorded import RecordedRun
 from engine.runtime import LoadedModule, WasmRuntime
-from engine.services import CallContext, CallResult, Services
+from engine.services import CallContext, CallResult, Fetcher, PluginRegistry, Services
 from engine.session import Completed, ContinuedAsNew, Failed, Outcome, RunInfo, SegmentResult
 from engine.status import RunStatus
 from engine.storage import RunRef
@@ -286,6 +298,26 @@ class WorkflowEnvironment:
     def history(self, run_id: str) -> list[Event]:
         return [decode(e) for e in self.storage.runs[run_id].history]
 
+    def export(self, run_id: str) -> RecordedRun:
+        """The run as an exported history (what ``manage.py export_history`` writes for a
+        run in the database), for :func:`replay`."""
+        run = self.storage.runs[run_id]
+        min_version, _ = self._declared.get((run.definition, run.version), (0, 0))
+        return RecordedRun(
+            definition=run.definition,
+            version=run.version,
+            workflow_id=run.workflow_id,
+            run_id=run.run_id,
+            input=run.input,
+            start_ms=run.created_ms,
+            history=tuple(run.history),
+            min_version=min_version,
+            status=RunStatus(run.status).value,
+            result=run.result,
+            error=run.error,
+            error_code=run.error_code,
+        )
+
     def latest_run(self, run_id: str) -> str:
         run = self.storage.runs[run_id]
         while run.continued_as:
@@ -366,6 +398,143 @@ class _ReplayGuard:
                 raise ReplayMismatch(f"replay tried to write ({name})")
 
             return refuse
+        attr: Callable[..., Any] = getattr(self._inner, name)
+        return attr
+
+    def heartbeat(self, run: RunRef) -> bool:
+        return True
+
+
+# --- replaying exported histories -----------------------------------------------------------
+
+
+def replay(
+    history: RecordedRun | Mapping[str, Any] | str | Path,
+    module: bytes | LoadedModule,
+    *,
+    runtime: WasmRuntime | None = None,
+    min_version: int | None = None,
+) -> SegmentResult:
+    """Replay a recorded run (an exported history: a :class:`~engine.recorded.RecordedRun`,
+    its JSON document or text, or a file's path) against ``module`` (the bytes of a new
+    build, or a loaded module) and check that the new code still makes the recorded run.
+
+    Raises :class:`~engine.errors.NondeterminismError` naming the step, the recorded event
+    and the new call where the code diverges (or the recorded step it no longer reaches),
+    :class:`~engine.errors.HistoryCorrupt` for an event whose checksum fails, and
+    :class:`ReplayMismatch` when a finished run (``done`` or failed) replays to a different
+    end. Nothing is called and nothing is written: the replay stops where the history stops
+    (a run still waiting replays up to its wait). ``min_version`` is what the guest's
+    ``min_version()`` answers (default: the recorded definition's). Returns the segment's
+    result (``replayed_steps`` is how many recorded events were matched).
+    """
+    recorded = RecordedRun.load(history)
+    runtime = runtime or shared_runtime()
+    loaded = module if isinstance(module, LoadedModule) else runtime.load(bytes(module))
+    last_ts = max((e.ts for e in recorded.history), default=recorded.start_ms)
+    clock = VirtualClock(max(last_ts, recorded.start_ms))
+    storage = InMemoryStorage(clock.now)
+    record = storage.create_run(
+        recorded.definition,
+        recorded.version,
+        recorded.input,
+        run_id=recorded.run_id,
+        workflow_id=recorded.workflow_id,
+    )
+    record.history = list(recorded.history)
+    ref = RunRef(storage.tenant_id, recorded.workflow_id, recorded.run_id, "replayer", 0)
+    info = RunInfo(
+        ref=ref,
+        definition=recorded.definition,
+        version=recorded.version,
+        input=recorded.input,
+        start_ms=recorded.start_ms,
+        entry_point=recorded.entry_point,
+        min_version=recorded.min_version if min_version is None else min_version,
+    )
+    result = runtime.run_segment(
+        loaded,
+        info,
+        list(recorded.history),
+        _HistoryEndStorage(storage),
+        # Past the end of the history nothing is reached: calls stop the replay, fetch is
+        # refused by an empty allow-list and no plugin is registered.
+        Services(
+            caller=_HistoryEndCaller(),
+            fetcher=Fetcher(()),
+            plugins=PluginRegistry({}),
+            resolvers={},
+        ),
+        clock.now,
+    )
+    outcome = result.outcome
+    if isinstance(outcome, Failed) and outcome.code is ErrorCode.NONDETERMINISM:
+        raise NondeterminismError.from_message(outcome.message) or NondeterminismError(
+            -1, "?", outcome.message
+        )
+    if isinstance(outcome, Failed) and outcome.code is ErrorCode.HISTORY_CORRUPT:
+        raise HistoryCorrupt(outcome.message)
+    _check_end(recorded, result)
+    return result
+
+
+def _check_end(recorded: RecordedRun, result: SegmentResult) -> None:
+    """A finished run must end the same way when its whole history replays."""
+    if result.recorded:  # it went past the history: the run had not ended there
+        return
+    outcome = result.outcome
+    if recorded.status == RunStatus.DONE:
+        if outcome != Completed(recorded.result or "null"):
+            raise ReplayMismatch(
+                f"run {recorded.run_id} completed with {recorded.result}; "
+                f"the new code ends in {_describe(outcome)}"
+            )
+    elif (
+        recorded.status in (RunStatus.FAILED, RunStatus.DEAD_LETTERED)
+        and recorded.error_code
+        and not (isinstance(outcome, Failed) and outcome.code.value == recorded.error_code)
+    ):
+        raise ReplayMismatch(
+            f"run {recorded.run_id} failed with {recorded.error_code}; "
+            f"the new code ends in {_describe(outcome)}"
+        )
+
+
+def _describe(outcome: Outcome) -> str:
+    if isinstance(outcome, Completed):
+        return f"a result of {outcome.result}"
+    if isinstance(outcome, Failed):
+        return f"a failure ({outcome.code.value}: {outcome.message})"
+    if isinstance(outcome, ContinuedAsNew):
+        return "continue-as-new"
+    return f"a wait ({outcome.wait.describe()})"
+
+
+def _history_end() -> Suspend:
+    """What stops a replay at the end of the recorded history: the next step would have an
+    effect (a call, a write), so the segment ends there as at a wait."""
+    return Suspend(WaitCondition(WaitKind.TIMER, wake_at_ms=None))
+
+
+class _HistoryEndCaller:
+    def call(self, service: str, operation: str, request: str, context: CallContext) -> CallResult:
+        raise _history_end()
+
+
+class _HistoryEndStorage:
+    """Storage for :func:`replay`: reads answer from the recorded run alone; a write can
+    only come past the end of the history, and stops the replay there."""
+
+    def __init__(self, inner: InMemoryStorage) -> None:
+        self._inner = inner
+
+    def __getattr__(self, name: str) -> Callable[..., Any]:
+        if name in ("append_events", "complete_intent", "apply"):
+
+            def stop(*args: Any, **kwargs: Any) -> Any:
+                raise _history_end()
+
+            return stop
         attr: Callable[..., Any] = getattr(self._inner, name)
         return attr
 

@@ -10,7 +10,7 @@ from typing import Any
 from django.conf import settings
 from django.core.exceptions import ImproperlyConfigured
 
-from engine.config import EngineConfig
+from engine.config import MIB, EngineConfig
 from engine.services import Services
 
 
@@ -43,22 +43,30 @@ def _mapping(name: str) -> dict[str, Any]:
 @cache
 def cleat_settings() -> CleatSettings:
     """Read and validate the settings once; a bad value stops start-up with its name."""
+    # Every knob has the engine's default (``EngineConfig``), so a project that embeds the
+    # app sets only the ones it changes (docs/embedding.md).
+    defaults = EngineConfig()
     cache_dir = getattr(settings, "CLEAT_MODULE_CACHE_DIR", "") or None
+
+    def knob(name: str, default: Any) -> Any:
+        return getattr(settings, name, default)
+
     try:
         engine = EngineConfig(
-            memory_limit_bytes=settings.CLEAT_MEMORY_LIMIT_BYTES,
-            max_string_bytes=settings.CLEAT_MAX_STRING_BYTES,
-            segment_timeout_s=settings.CLEAT_SEGMENT_TIMEOUT_SECONDS,
-            fuel=settings.CLEAT_FUEL,
-            max_instances=settings.CLEAT_MAX_INSTANCES,
-            max_table_elements=settings.CLEAT_MAX_TABLE_ELEMENTS,
-            max_history_events=settings.CLEAT_MAX_HISTORY_EVENTS,
-            module_cache_size=settings.CLEAT_MODULE_CACHE_SIZE,
+            memory_limit_bytes=knob("CLEAT_MEMORY_LIMIT_BYTES", defaults.memory_limit_bytes),
+            max_string_bytes=knob("CLEAT_MAX_STRING_BYTES", defaults.max_string_bytes),
+            segment_timeout_s=knob("CLEAT_SEGMENT_TIMEOUT_SECONDS", defaults.segment_timeout_s),
+            fuel=knob("CLEAT_FUEL", defaults.fuel),
+            max_instances=knob("CLEAT_MAX_INSTANCES", defaults.max_instances),
+            max_table_elements=knob("CLEAT_MAX_TABLE_ELEMENTS", defaults.max_table_elements),
+            max_history_events=knob("CLEAT_MAX_HISTORY_EVENTS", defaults.max_history_events),
+            module_cache_size=knob("CLEAT_MODULE_CACHE_SIZE", defaults.module_cache_size),
             module_cache_dir=Path(cache_dir) if cache_dir else None,
-            module_cache_max_bytes=int(getattr(settings, "CLEAT_MODULE_CACHE_MAX_MB", 4096))
-            * 1024
-            * 1024,
-            write_ahead_ops=frozenset(settings.CLEAT_WRITE_AHEAD_OPS),
+            module_cache_max_bytes=int(
+                knob("CLEAT_MODULE_CACHE_MAX_MB", defaults.module_cache_max_bytes // MIB)
+            )
+            * MIB,
+            write_ahead_ops=frozenset(knob("CLEAT_WRITE_AHEAD_OPS", ())),
         )
     except ValueError as exc:
         raise ImproperlyConfigured(f"CLEAT_* settings: {exc}") from None
@@ -66,7 +74,7 @@ def cleat_settings() -> CleatSettings:
         engine=engine,
         services=_mapping("CLEAT_SERVICES"),
         ambiguity_resolvers=_mapping("CLEAT_AMBIGUITY_RESOLVERS"),
-        fetch_allow=tuple(settings.CLEAT_FETCH_ALLOW),
-        fetch_allow_private=bool(settings.CLEAT_FETCH_ALLOW_PRIVATE),
+        fetch_allow=tuple(getattr(settings, "CLEAT_FETCH_ALLOW", ())),
+        fetch_allow_private=bool(getattr(settings, "CLEAT_FETCH_ALLOW_PRIVATE", False)),
         plugins=_mapping("CLEAT_PLUGINS"),
     )

@@ -132,7 +132,7 @@ def _execute_claim(
         definition=instance.definition_name,
         version=instance.definition_version,
         input=instance.input,
-        start_ms=int(instance.created_at.timestamp() * 1000),
+        start_ms=instance.start_ms,
         entry_point=instance.entry_point,
         min_version=loaded.min_version,
         max_history_events=loaded.max_history_length or None,

@@ -317,6 +317,12 @@ class WorkflowInstance(TenantScoped):
         return self.status in TERMINAL_STATUSES
 
     @property
+    def start_ms(self) -> int:
+        """The virtual time before the run's first event: its creation, in ms since the
+        epoch (what a segment's ``RunInfo.start_ms`` is, and an exported history's)."""
+        return int(self.created_at.timestamp() * 1000)
+
+    @property
     def waiting_description(self) -> str:
         return (self.waiting_on or {}).get("description", "")
 

@@ -22,6 +22,7 @@ from django.utils import timezone
 from engine import lifecycle
 from engine.errors import ErrorCode
 from engine.events import AdminActionEvent, encode
+from engine.recorded import RecordedRun
 from engine.storable import json_text_fault
 from workflows.models import (
     PRIORITY_MAX,
@@ -531,6 +532,30 @@ def re_replay(
         _audit(tenant, instance, "re_replay", operator, reason)
         _reopen(instance)
     return instance
+
+
+def export_history(tenant: Tenant, run_id: str) -> RecordedRun:
+    """A run's history and what replaying it needs, as ``engine.recorded`` defines the
+    document (``manage.py export_history``, ``GET /api/v1/workflows/{id}/history``); replay it
+    against a new build with ``engine.testing.replay``."""
+    with tenant_context(tenant.id):
+        instance = get_instance(tenant, run_id)
+        definition = instance.definition
+        return RecordedRun(
+            definition=instance.definition_name,
+            version=instance.definition_version,
+            workflow_id=instance.workflow_id,
+            run_id=str(instance.id),
+            input=instance.input,
+            start_ms=instance.start_ms,
+            history=tuple(WorkflowEvent.history(tenant.id, instance.id)),
+            entry_point=instance.entry_point,
+            min_version=definition.min_version,
+            status=instance.status,
+            result=instance.result,
+            error=instance.error,
+            error_code=instance.error_code,
+        )
 
 
 # --- tenants ------------------------------------------------------------------------------------

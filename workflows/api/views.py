@@ -648,6 +648,19 @@ class WorkflowViewSet(TenantViewSet):
         return self.get_paginated_response(s.EventSerializer(page, many=True, context=context).data)
 
     @extend_schema(
+        summary="Export a run's history for replay tests",
+        description=(
+            "The whole history with what replaying it needs (`format` `cleat-history/1`, "
+            "the same document as `manage.py export_history`): replay it against a new build "
+            "with `engine.testing.replay` or `cleat_workflow.testing.replay`."
+        ),
+        responses={200: OpenApiTypes.OBJECT},
+    )
+    @action(detail=True, methods=["get"], pagination_class=None)
+    def history(self, request: Request, run_id: str) -> Response:
+        return Response(services.export_history(self.tenant, run_id).to_json())
+
+    @extend_schema(
         summary="Read a run's query state",
         description="With `key`: that key's value (404 if unset); without: the whole state.",
         parameters=[s.QueryStateQuerySerializer],

@@ -13,9 +13,12 @@ Write workflows as plain functions::
 build them with ``manage.py build_workflow app.py -o app.wasm`` (a WebAssembly component,
 through componentize-py) and deploy them with ``manage.py deploy_workflow``. Every host
 operation the context offers is recorded and replayed; ``time.time()``, ``datetime.now()``,
-``random`` and ``uuid.uuid4()`` are replay-safe too. See ``docs/python-workflows.md``.
+``random`` and ``uuid.uuid4()`` are replay-safe too. ``ctx.gather(Call(...), ...)`` makes
+several calls as one group; a :class:`Service` subclass declares typed calls. See
+``docs/python-workflows.md``.
 """
 
+from cleat_workflow._calls import Call, Retry
 from cleat_workflow._context import (
     ChildResult,
     Context,
@@ -40,11 +43,13 @@ from cleat_workflow._errors import (
     error_for,
 )
 from cleat_workflow._registry import handler, workflow
+from cleat_workflow._service import Service, ServiceDefinitionError
 
 __version__ = "1.0.0"
 
 __all__ = [
     "Ambiguous",
+    "Call",
     "CallFailed",
     "Cancelled",
     "ChildResult",
@@ -58,6 +63,9 @@ __all__ = [
     "Promise",
     "Response",
     "RetriesExhausted",
+    "Retry",
+    "Service",
+    "ServiceDefinitionError",
     "Signal",
     "State",
     "Timeout",

@@ -15,7 +15,8 @@ from datetime import UTC, datetime, timedelta
 from types import TracebackType
 from typing import Any, NoReturn, TypeVar
 
-from cleat_workflow import _host, _registry
+from cleat_workflow import _calls, _host, _registry
+from cleat_workflow._calls import Call
 from cleat_workflow._errors import (
     CANCELLED,
     ERROR,
@@ -308,6 +309,23 @@ class Context:
         """Call ``service.operation`` once; the response JSON, or CallFailed /
         PermanentError / Ambiguous."""
         return _loads(_packed(_host.host.durable_call, service, operation, _dumps(request)))
+
+    def gather(self, *calls: Call, return_exceptions: bool = False) -> list[Any]:
+        """Make several durable calls as one group and return their results in order::
+
+            quote, stock = ctx.gather(
+                Call("pricing", "quote", {"sku": sku}),
+                Call("inventory", "check", {"sku": sku}, retry=Retry(max_attempts=5)),
+            )
+
+        Every call's first attempt is made, in the given order, before any failure is
+        raised; calls with a ``retry`` that fail wait for their backoffs together (one durable
+        timer to the earliest), then are tried again in order. The first failure is raised
+        once every call has finished, unless ``return_exceptions`` returns each failure in
+        its place. Each attempt is one recorded step, so a replay makes the same steps in
+        the same order. (ABI v1 answers a call within the host call, so the calls' own
+        network times add up; what runs together is their waiting. See ``_calls``.)"""
+        return _calls.gather(self, calls, return_exceptions=return_exceptions)
 
     def call_with_retry(
         self,

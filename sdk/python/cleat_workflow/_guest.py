@@ -6,6 +6,8 @@ Only importable inside a component build (it subclasses the generated ``wit_worl
 
 from __future__ import annotations
 
+import sys
+import time
 import traceback
 from typing import Any
 
@@ -22,10 +24,41 @@ ABI_VERSION = 1
 MEMORY_ERROR = "MemoryError: the workflow ran out of memory"
 # Frames of a failure's traceback kept in its message.
 TRACEBACK_FRAMES = 8
+# Written to stderr before time.sleep waits on the clock, which the host refuses (a guest
+# fault): the host cannot see Python frames, so the SDK tells it the workflow's file and
+# line. The same text is GUEST_WAIT_MARK in engine.component.
+WAIT_MARK = "cleat:clock-wait-at "
 
 # The context of the run in progress: defers are dispatched after ``run`` has returned, in
 # the same instance, and see the state the workflow left.
 _context: Context | None = None
+
+
+def _short_path(path: str) -> str:
+    """componentize-py runs modules from numbered directories (``/1/app.py``): drop the
+    number."""
+    parts = path.split("/")
+    if len(parts) > 2 and parts[0] == "" and parts[1].isdigit():
+        return "/".join(parts[2:])
+    return path
+
+
+_clock_sleep = time.sleep
+
+
+def _announced_sleep(seconds: float) -> None:
+    """``time.sleep`` in a workflow: say where it was called, then wait on the clock as
+    before (the host faults the run there, naming this place)."""
+    frame = sys._getframe(1)
+    sys.stderr.write(
+        f"{WAIT_MARK}time.sleep at {_short_path(frame.f_code.co_filename)}:{frame.f_lineno}"
+        f" in {frame.f_code.co_name}\n"
+    )
+    sys.stderr.flush()
+    _clock_sleep(seconds)
+
+
+time.sleep = _announced_sleep
 
 
 def _where(exc: BaseException) -> list[str]:
@@ -37,9 +70,7 @@ def _where(exc: BaseException) -> list[str]:
         path = frame.filename
         if "/cleat_workflow/" in path:
             continue
-        parts = path.split("/")
-        if len(parts) > 2 and parts[0] == "" and parts[1].isdigit():
-            path = "/".join(parts[2:])
+        path = _short_path(path)
         lines.append(f"  at {path}:{frame.lineno} in {frame.name}")
     return lines
 

@@ -41,6 +41,9 @@ ENTRY_MODULE = "cleat_entry__"
 HOST_ONLY = frozenset({"build.py", "testing.py"})
 RESERVED_MODULES = frozenset({"wit_world", "cleat_workflow", ENTRY_MODULE, "poll_loop"})
 BUILD_TIMEOUT_S = 900
+# How often a running build reports that it is still running.
+PROGRESS_EVERY_S = 5.0
+Progress = Callable[[str], None]
 # The cache keeps the most recently used builds within this many bytes (a Python component
 # is 20-40 MB); ``$CLEAT_COMPONENT_CACHE_MAX_MB`` overrides it, 0 turns pruning off.
 DEFAULT_CACHE_MAX_BYTES = 2 * 1024**3
@@ -270,14 +273,15 @@ def build_component(
     cache: Path | None = None,
     python_path: Sequence[Path | str] = (),
     force: bool = False,
-    progress: Callable[[str], None] | None = None,
+    progress: Progress | None = None,
 ) -> BuildResult:
     """Build ``app`` (a Python file with ``@workflow`` functions) into a component.
 
     Returns the cached component (copied to ``output`` too when given). Raises BuildError
     with a readable message when the app cannot be built. A build that is not in the cache
-    takes tens of seconds: ``progress`` (default: a line on stderr) is told when it starts
-    and ends.
+    takes tens of seconds: ``progress`` (default: a line on stderr) is told when it starts,
+    every :data:`PROGRESS_EVERY_S` seconds while componentize-py runs, and when it ends; a
+    cache hit tells it nothing.
     """
     started = time.monotonic()
     app = Path(app).resolve()
@@ -315,7 +319,7 @@ def build_component(
             "are built once)"
         )
         try:
-            _componentize(app, module, extra, directory, cached)
+            _componentize(app, module, extra, directory, cached, say)
         except GuestCodeError as exc:
             text = json.dumps({"message": exc.message.replace(str(app.parent), _APP_DIR)})
             _write_text(failure, text)
@@ -340,7 +344,12 @@ def _to_stderr(message: str) -> None:
 
 
 def _componentize(
-    app: Path, module: str, extra: Sequence[Path], directory: Path, cached: Path
+    app: Path,
+    module: str,
+    extra: Sequence[Path],
+    directory: Path,
+    cached: Path,
+    progress: Progress | None = None,
 ) -> None:
     directory.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(prefix="cleat-build-") as tmp:
@@ -359,19 +368,8 @@ def _componentize(
         command += ["-o", str(out), ENTRY_MODULE]
         env = {k: v for k, v in os.environ.items() if k != "VIRTUAL_ENV"}
         env["RUST_BACKTRACE"] = "0"
-        try:
-            proc = subprocess.run(
-                command,
-                cwd=generated,
-                env=env,
-                capture_output=True,
-                text=True,
-                timeout=BUILD_TIMEOUT_S,
-            )
-        except subprocess.TimeoutExpired:
-            raise BuildError(f"componentize-py did not finish within {BUILD_TIMEOUT_S} s") from None
-        if proc.returncode != 0 or not out.is_file():
-            output = proc.stdout + proc.stderr
+        returncode, output = _run_reporting(command, generated, env, progress)
+        if returncode != 0 or not out.is_file():
             message = readable_error(output, search, generated)
             if guest_traceback(output) is not None:
                 raise GuestCodeError(message)
@@ -387,6 +385,42 @@ def _componentize(
             "built_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
         }
         _write_text(cached.with_suffix(".json"), json.dumps(meta, indent=2) + "\n")
+
+
+def _run_reporting(
+    command: Sequence[str], cwd: Path, env: dict[str, str], progress: Progress | None
+) -> tuple[int, str]:
+    """Run componentize-py to the end (its output in a file, which nobody has to drain),
+    telling ``progress`` how long it has been running every :data:`PROGRESS_EVERY_S` s."""
+    started = time.monotonic()
+    with tempfile.TemporaryFile(mode="w+", encoding="utf-8", errors="replace") as log:
+        proc = subprocess.Popen(command, cwd=cwd, env=env, stdout=log, stderr=subprocess.STDOUT)
+        try:
+            while True:
+                try:
+                    proc.wait(timeout=PROGRESS_EVERY_S)
+                    break
+                except subprocess.TimeoutExpired:
+                    elapsed = time.monotonic() - started
+                    if elapsed > BUILD_TIMEOUT_S:
+                        proc.kill()
+                        proc.wait()
+                        raise BuildError(
+                            f"componentize-py did not finish within {BUILD_TIMEOUT_S} s"
+                        ) from None
+                    if progress is not None:
+                        progress(f"  still building, {elapsed:.0f} s")
+        except BaseException:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+            raise
+        log.seek(0)
+        output = log.read()
+    if progress is not None:
+        done = "done" if proc.returncode == 0 else "failed"
+        progress(f"  componentize-py {done} after {time.monotonic() - started:.0f} s")
+    return proc.returncode, output
 
 
 def _write_text(path: Path, text: str) -> None:
@@ -439,6 +473,10 @@ def readable_error(output: str, search: Sequence[Path], generated: Path) -> str:
             if not skip:
                 kept.append(line)
         frames = [line for line in kept if line.startswith('  File "')]
+        # The headline names the innermost frame of the app's own code, not the SDK's (a
+        # typed service declaration is checked inside the SDK).
+        own = [line for line in frames if "/cleat_workflow/" not in line]
+        frames = own or frames
         error = kept[-1] if kept else "error"
         where = ""
         if frames:

@@ -13,6 +13,10 @@
         assert env.result(run)["status"] == "shipped"
         env.assert_replays(run)
 
+    def test_the_new_build_replays_production_runs():
+        # exported with ``manage.py export_history RUN_ID -o tests/histories/order-1.json``
+        replay("tests/histories/order-1.json", "examples/order_saga.py")
+
 The module is built through the build cache (``cleat_workflow.build``): the first test on
 a machine pays for componentize-py, later ones reuse the component. The compiled component is
 cached on disk as well (``$CLEAT_MODULE_CACHE_DIR``, default ``~/.cache/cleat/modules``, as
@@ -24,13 +28,17 @@ from __future__ import annotations
 
 import os
 import threading
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
 from cleat_workflow.build import build_component
 from engine.config import EngineConfig
+from engine.outcomes import SegmentResult
+from engine.recorded import RecordedRun
 from engine.runtime import WasmRuntime
 from engine.testing import WorkflowEnvironment
+from engine.testing import replay as replay_module
 
 _runtime: WasmRuntime | None = None
 _lock = threading.Lock()
@@ -71,3 +79,18 @@ class PythonWorkflowEnvironment(WorkflowEnvironment):
     def deploy_python(self, name: str, app: str | Path, version: int | None = None) -> int:
         """Build (or reuse) ``app`` and deploy it as ``name``; returns the version."""
         return self.deploy(name, build(app), version)
+
+
+def replay(
+    history: RecordedRun | Mapping[str, Any] | str | Path,
+    app: str | Path | bytes,
+    *,
+    min_version: int | None = None,
+) -> SegmentResult:
+    """Replay an exported history (``manage.py export_history``) against the current code of
+    a Python workflow module (``app``: its ``.py`` path, built through the build cache, or
+    the bytes of a built component): :func:`engine.testing.replay`, which raises
+    ``NondeterminismError`` naming the step where the code no longer does what the
+    recorded run did."""
+    wasm = app if isinstance(app, bytes) else build(app)
+    return replay_module(history, wasm, runtime=component_runtime(), min_version=min_version)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import sys
 import time
 from pathlib import Path
 
@@ -250,3 +251,59 @@ def test_a_bad_budget_is_a_clear_error(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("CLEAT_COMPONENT_CACHE_MAX_MB", "lots")
     with pytest.raises(BuildError, match="whole number of megabytes"):
         build.cache_max_bytes()
+
+
+def test_a_bad_typed_service_fails_the_build_at_its_line(tmp_path: Path) -> None:
+    """A real componentize-py run (once per machine: the failure is cached) on a module whose
+    typed service declares a request type that is not JSON: the build fails when
+    componentize-py imports it, the headline names the app's line (not the SDK's check), the
+    message the method and what is wrong."""
+    write(
+        tmp_path,
+        {
+            "bad_service.py": (
+                "from cleat_workflow import Service\n"
+                "\n"
+                "\n"
+                "class Shop(Service):\n"
+                "    def price(self, request: object) -> int: ...\n"
+            )
+        },
+    )
+    with pytest.raises(BuildError) as failed:
+        build_component(tmp_path / "bad_service.py")
+    message = str(failed.value)
+    assert message.splitlines()[0].startswith(f"{tmp_path / 'bad_service.py'}:4: ")
+    assert "ServiceDefinitionError: Shop.price (bad_service.py:5)" in message
+    assert "the request type object is not a dataclass, a TypedDict or a JSON type" in message
+
+
+def test_a_build_reports_its_start_and_componentize_py_its_end(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """build_component tells ``progress`` it starts componentize-py (a cache hit tells it
+    nothing); the runner reports how componentize-py ended, with its exit status and output."""
+    (tmp_path / "app.py").write_text("from cleat_workflow import workflow\n")
+    lines: list[str] = []
+
+    def refuse(*args: object) -> None:
+        raise BuildError("stopped here")
+
+    monkeypatch.setattr(build, "_componentize", refuse)
+    with pytest.raises(BuildError, match="stopped here"):
+        build_component(tmp_path / "app.py", cache=tmp_path / "cache", progress=lines.append)
+    assert len(lines) == 1 and lines[0].startswith(
+        "building app.py into a component with componentize-py"
+    )
+
+    reported: list[str] = []
+    code, output = build._run_reporting(
+        [sys.executable, "-c", "print('made it'); raise SystemExit(3)"],
+        tmp_path,
+        dict(os.environ),
+        reported.append,
+    )
+    assert (code, output.strip()) == (3, "made it")
+    assert reported[-1].startswith("  componentize-py failed after ")
+    code, _ = build._run_reporting([sys.executable, "-c", "pass"], tmp_path, dict(os.environ), None)
+    assert code == 0

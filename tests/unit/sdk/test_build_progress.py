@@ -17,7 +17,9 @@ from engine.errors import InvalidModule
 from engine.runtime import WasmRuntime
 
 
-def fake_componentize(app: Path, module: str, extra: Any, directory: Path, cached: Path) -> None:
+def fake_componentize(
+    app: Path, module: str, extra: Any, directory: Path, cached: Path, progress: Any = None
+) -> None:
     directory.mkdir(parents=True, exist_ok=True)
     cached.write_bytes(b"\0asm component of " + app.name.encode())
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable, Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -18,6 +19,8 @@ from engine.events import CallEvent
 from engine.runtime import WasmRuntime
 from engine.testing import WorkflowEnvironment
 from tests.fixtures import FakeService, assert_replays_quietly, event_types, wait_of
+
+SCENARIOS_APP = Path(__file__).resolve().parent / "apps" / "scenarios.py"
 
 
 @pytest.fixture
@@ -93,6 +96,61 @@ def test_calls_map_statuses_to_exceptions_and_retry_on_durable_timers(
         "call",
         "sleep",
         "call",
+    ]
+    assert_replays_quietly(env, run, watch=[shop])
+
+
+# --- parallel calls and typed services -------------------------------------------------------
+
+
+def test_gather_makes_every_first_attempt_then_retries_together_on_one_timer(
+    env: WorkflowEnvironment, deploy: Callable[..., None], shop: FakeService
+) -> None:
+    """Four calls: every first attempt is made in order although two fail; the two
+    retryable failures wait on one 2 s timer, then are tried again in order; results and
+    failures come back in place (return_exceptions). A second gather raises its first failure
+    once both calls were made. Fresh and replayed, the same steps in the same order."""
+    deploy(env, "gathered")
+    run = env.run("gathered")
+    start = env.clock.ms
+    assert wait_of(env, run)["kind"] == "timer"
+    assert wait_of(env, run)["wake_at_ms"] == start + 2000
+    assert shop.ops() == ["price", "eventually", "reject", "flaky"]
+    env.advance(seconds=2)
+
+    result = env.result(run)
+    assert result[:3] == [{"cents": 1200}, {"ok": 1}, ["PermanentError", "out of stock"]]
+    assert result[3][0] == "RetriesExhausted"
+    assert result[3][1].startswith("shop.flaky: 2 attempt(s) failed, the last: ")
+    assert result[4] == ["raised", "out of stock"]
+    assert shop.ops() == [
+        *["price", "eventually", "reject", "flaky"],
+        *["eventually", "flaky"],
+        *["reject", "price"],
+    ]
+    assert event_types(env, run) == ["call"] * 4 + ["sleep"] + ["call"] * 4
+    assert_replays_quietly(env, run, watch=[shop])
+
+
+def test_a_typed_service_sends_dataclasses_and_returns_the_declared_reply(
+    env: WorkflowEnvironment, deploy: Callable[..., None], shop: FakeService
+) -> None:
+    """Shop.price(Quote) -> Price: the request goes out as JSON, the reply comes back as a
+    Price (defaults filled); its .call() form gathers; a request of the wrong type is a
+    TypeError in the workflow before any call; a failure is the SDK's exception."""
+    deploy(env, "typed")
+    run = env.run("typed")
+    assert env.result(run) == [
+        ["Price", 1200, "EUR"],
+        [1200, 1200],
+        "shop.price takes a Quote, not dict",
+        "out of stock",
+    ]
+    assert [c.request for c in shop.calls] == [
+        {"sku": "x"},
+        {"sku": "a"},
+        {"sku": "b"},
+        {"sku": "y"},
     ]
     assert_replays_quietly(env, run, watch=[shop])
 
@@ -380,13 +438,16 @@ def test_the_sandbox_has_no_files_no_sockets_no_environment(
     assert seen["environ"] == []
 
 
-def test_time_sleep_is_a_guest_fault_that_names_ctx_sleep(
+def test_time_sleep_is_a_guest_fault_that_names_its_file_line_and_ctx_sleep(
     env: WorkflowEnvironment, deploy: Callable[..., None]
 ) -> None:
     deploy(env, "naps")
     run = env.run("naps")
     info = env.describe(run)
     assert info["error_code"] == "guest_fault"
+    lines = SCENARIOS_APP.read_text().splitlines()
+    line = lines.index("def naps(ctx: Context, input: Any) -> Any:") + 2
+    assert f"time.sleep at scenarios.py:{line} in naps: waiting on the clock" in info["error"]
     assert "ctx.sleep()" in info["error"]
 
 

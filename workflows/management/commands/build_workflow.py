@@ -11,12 +11,12 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from django.conf import settings
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
 from workflows import guest_build
 
-SDK_PYTHON = Path(settings.BASE_DIR) / "sdk" / "python"
+# The checkout's SDK, found from this app (a project that embeds cleat has its own BASE_DIR).
+SDK_PYTHON = Path(__file__).resolve().parents[3] / "sdk" / "python"
 
 
 def _build_module() -> Any:
@@ -61,7 +61,12 @@ class Command(BaseCommand):
         build = _build_module()
         try:
             result = build.build_component(
-                app, output, python_path=options["python_path"], force=options["force"]
+                app,
+                output,
+                python_path=options["python_path"],
+                force=options["force"],
+                # componentize-py takes a while: say so, on stderr (stdout is the result).
+                progress=lambda line: self.stderr.write(line),
             )
         except build.BuildError as exc:
             raise CommandError(str(exc)) from None

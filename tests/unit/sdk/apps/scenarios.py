@@ -13,9 +13,11 @@ import os
 import random
 import time
 import uuid
+from dataclasses import dataclass
 from typing import Any
 
 from cleat_workflow import (
+    Call,
     CallFailed,
     Cancelled,
     Context,
@@ -23,6 +25,8 @@ from cleat_workflow import (
     NotFound,
     PermanentError,
     RetriesExhausted,
+    Retry,
+    Service,
     Timeout,
     handler,
     workflow,
@@ -47,6 +51,60 @@ def calls(ctx: Context, input: Any) -> Any:
     except RetriesExhausted as exc:
         seen.append(["exhausted", exc.message])
     seen.append(ctx.call_with_retry("shop", "eventually", {"n": 1}, initial_interval=2))
+    return seen
+
+
+# --- parallel calls and typed services -------------------------------------------------------
+
+
+@workflow
+def gathered(ctx: Context, input: Any) -> Any:
+    results = ctx.gather(
+        Call("shop", "price", {"sku": "a"}),
+        Call("shop", "eventually", {"n": 2}, retry=Retry(max_attempts=3, initial_interval=2)),
+        Call("shop", "reject", {"sku": "b"}),
+        Call("shop", "flaky", {"n": 3}, retry=Retry(max_attempts=2, initial_interval=2)),
+        return_exceptions=True,
+    )
+    seen = [[type(r).__name__, r.message] if isinstance(r, Exception) else r for r in results]
+    try:
+        ctx.gather(Call("shop", "reject", {"sku": "c"}), Call("shop", "price", {"sku": "d"}))
+    except PermanentError as exc:
+        seen.append(["raised", exc.message])
+    return seen
+
+
+@dataclass
+class Quote:
+    sku: str
+
+
+@dataclass
+class Price:
+    cents: int
+    currency: str = "EUR"
+
+
+class Shop(Service, name="shop"):
+    def price(self, request: Quote) -> Price: ...
+
+    def reject(self, request: Quote) -> Price: ...
+
+
+@workflow
+def typed(ctx: Context, input: Any) -> Any:
+    shop = Shop(ctx)
+    one = shop.price(Quote(sku="x"))
+    both = ctx.gather(shop.price.call(Quote("a")), shop.price.call(Quote("b")))
+    seen: list[Any] = [[type(one).__name__, one.cents, one.currency], [p.cents for p in both]]
+    try:
+        shop.price({"sku": "x"})
+    except TypeError as exc:
+        seen.append(str(exc))
+    try:
+        shop.reject(Quote("y"))
+    except PermanentError as exc:
+        seen.append(exc.message)
     return seen
 
 
