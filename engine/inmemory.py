@@ -13,7 +13,7 @@ import json
 import threading
 import uuid
 from collections.abc import Callable, Collection, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from engine import lifecycle
@@ -44,7 +44,13 @@ from engine.storage import (
     UpdateRequest,
     child_status,
 )
-from engine.versions import NoSuchVersion, choose_version
+from engine.versions import (
+    STABLE_TAG,
+    DeployedVersion,
+    NoSuchVersion,
+    choose_version,
+    resolve_child_version,
+)
 
 DEFAULT_POLICY = lifecycle.RunPolicy()
 
@@ -116,6 +122,11 @@ class InMemoryStorage:
         self.definitions: dict[str, dict[int, bool]] = {}
         # (name, version) -> the definition's policies (retry); the defaults otherwise.
         self.policies: dict[tuple[str, int], lifecycle.RunPolicy] = {}
+        # (name, version) -> what deploy declared (min_version, exports, child binding), for
+        # the rules of engine.versions; a version without an entry declares nothing.
+        self.declared: dict[tuple[str, int], DeployedVersion] = {}
+        # (name, tag) -> version ("stable", "canary")
+        self.tags: dict[tuple[str, str], int] = {}
         self.schedule_quota = 100
         self._ids = itertools.count(1)
 
@@ -479,7 +490,7 @@ class InMemoryStorage:
             case StartChild():
                 if m.run_id in self.runs:
                     return m.run_id
-                version = self._resolve_version(m.name, m.version, m.parent_version)
+                version = self._child_version(ref, m)
                 self.create_run(
                     m.name,
                     version,
@@ -492,7 +503,7 @@ class InMemoryStorage:
                 return m.run_id
             case StartDetached():
                 if m.run_id not in self.runs:
-                    version = self._resolve_version(m.name, 0, 0)
+                    version = self._resolve_version(m.name)
                     self.create_run(m.name, version, m.input, run_id=m.run_id)
                 return m.run_id
             case SendSignal():
@@ -536,13 +547,33 @@ class InMemoryStorage:
                 return None
         raise RuntimeError(f"unrecognised mutation {m!r}")
 
-    def _resolve_version(self, name: str, version: int, parent_version: int) -> int:
+    def _resolve_version(self, name: str) -> int:
         try:
-            return choose_version(
-                name,
-                self.definitions.get(name, {}),
-                version=version if version > 0 else None,
-                preferred=parent_version,
+            return choose_version(name, self.definitions.get(name, {}))
+        except NoSuchVersion as exc:
+            raise Refused(AbiStatus.NOT_FOUND, exc.message) from None
+
+    def deployed(self, name: str, version: int) -> DeployedVersion | None:
+        """A deployed version as the rules of :mod:`engine.versions` see it."""
+        deprecated = self.definitions.get(name, {}).get(version)
+        if deprecated is None:
+            return None
+        declared = self.declared.get((name, version), DeployedVersion(version))
+        return replace(declared, version=version, deprecated=deprecated)
+
+    def _child_version(self, ref: RunRef, m: StartChild) -> int:
+        parent = self.runs[ref.run_id]
+        spec = self.deployed(parent.definition, parent.version) or DeployedVersion(0)
+        versions = [self.deployed(m.name, v) for v in self.definitions.get(m.name, {})]
+        try:
+            return resolve_child_version(
+                m.name,
+                [v for v in versions if v is not None],
+                version=m.version,
+                parent_version=m.parent_version,
+                binding=spec.child_binding,
+                pins=spec.child_versions,
+                stable=self.tags.get((m.name, STABLE_TAG)),
             )
         except NoSuchVersion as exc:
             raise Refused(AbiStatus.NOT_FOUND, exc.message) from None

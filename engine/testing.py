@@ -42,6 +42,7 @@ from engine.services import CallContext, CallResult, Services
 from engine.session import Completed, ContinuedAsNew, Failed, Outcome, RunInfo, SegmentResult
 from engine.status import RunStatus
 from engine.storage import RunRef
+from engine.versions import DeployedVersion, binding_problem
 
 DEFAULT_START_MS = 1_767_225_600_000  # 2026-01-01T00:00:00Z
 
@@ -121,15 +122,23 @@ class WorkflowEnvironment:
         min_version: int = 0,
         max_history_length: int = 0,
         retry: RetryPolicy | None = None,
+        child_binding: str = "",
+        child_versions: Mapping[str, int] | None = None,
     ) -> int:
         """Deploy a module (bytes of a core module or a component) and return its version.
 
         As a deployed definition: ``min_version`` is what the guest's ``min_version()``
         answers, ``max_history_length`` the events after which a run continues as new (0:
         the engine's default), ``retry`` the policy a retryable failure is retried with
-        before the run is dead-lettered (the database's defaults when not given)."""
+        before the run is dead-lettered (the database's defaults when not given),
+        ``child_binding`` and ``child_versions`` how its children get their versions
+        (:class:`engine.versions.ChildBinding`)."""
         if min_version < 0:
             raise EngineError("min_version must not be negative")
+        pins = dict(child_versions or {})
+        binding = binding_problem(child_binding, pins)
+        if binding is not None:
+            raise EngineError(binding[1])
         if max_history_length < 0:
             raise EngineError("max_history_length must not be negative")
         policy = retry or RetryPolicy()
@@ -138,8 +147,16 @@ class WorkflowEnvironment:
             raise EngineError(f"retry policy: {'; '.join(problems)}")
         versions = self.storage.definitions.setdefault(name, {})
         version = version or (max(versions, default=0) + 1)
-        self._modules[(name, version)] = self.runtime.load(wasm)
+        module = self.runtime.load(wasm)
+        self._modules[(name, version)] = module
         self._declared[(name, version)] = (min_version, max_history_length)
+        self.storage.declared[(name, version)] = DeployedVersion(
+            version,
+            min_version=min_version,
+            entry_points=tuple(module.info.entry_points),
+            child_binding=child_binding,
+            child_versions=pins,
+        )
         self.storage.policies[(name, version)] = RunPolicy(retry=policy)
         versions[version] = False
         return version
@@ -163,6 +180,19 @@ class WorkflowEnvironment:
         return self.storage.create_run(
             name, chosen, text, workflow_id=workflow_id, priority=priority
         ).run_id
+
+    def deprecate(self, name: str, version: int, deprecated: bool = True) -> None:
+        """Mark a version deprecated (new runs stop choosing it) or restore it."""
+        versions = self.storage.definitions.get(name, {})
+        if version not in versions:
+            raise EngineError(f"{name!r} has no version {version}")
+        versions[version] = deprecated
+
+    def set_tag(self, name: str, tag: str, version: int) -> None:
+        """Point ``tag`` (``stable``, ``canary``) at a deployed version."""
+        if version not in self.storage.definitions.get(name, {}):
+            raise EngineError(f"{name!r} has no version {version}")
+        self.storage.tags[(name, tag)] = version
 
     def run(self, name: str, input: Any = None, **kwargs: Any) -> str:
         """Start a run and process everything due; returns the run id."""

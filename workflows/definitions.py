@@ -24,7 +24,7 @@ from typing import Any
 from django.db.models import Count, Max, Q, QuerySet
 
 from engine.errors import InvalidModule
-from engine.versions import NoSuchVersion, choose_version
+from engine.versions import NoSuchVersion, binding_problem, choose_version
 from workflows.models import (
     ACTIVE_STATUSES,
     AuditLog,
@@ -55,12 +55,19 @@ def deploy_definition(
     min_version: int = 0,
     max_history_length: int = 0,
     retry_max_attempts: int | None = None,
+    child_binding: str = "",
+    child_versions: dict[str, int] | None = None,
 ) -> WorkflowDefinition:
     """Validate ``wasm`` with wasmtime (refused with its reason) and store it as the next
-    version of ``name`` (or as ``version``)."""
+    version of ``name`` (or as ``version``). ``child_binding`` and ``child_versions``: how
+    this version's children get their versions (:class:`engine.versions.ChildBinding`)."""
     from workflows.executor import get_runtime
 
     check_name(name, "name")
+    child_versions = dict(child_versions or {})
+    binding = binding_problem(child_binding, child_versions)
+    if binding is not None:
+        raise InvalidInput(binding[1], binding[0])
     if not wasm:
         raise InvalidInput("the module is empty", "wasm")
     try:
@@ -91,8 +98,27 @@ def deploy_definition(
             min_version=min_version,
             entry_points=list(info.entry_points),
             max_history_length=max_history_length,
+            child_binding=child_binding,
+            child_versions=child_versions,
             **fields,
         )
+
+
+def parse_child_versions(text: str | Sequence[str]) -> dict[str, int]:
+    """``child=1, other=2`` (or a list of ``child=1`` items, as the CLI's repeated flag
+    gives them) as the ``child_versions`` pins a frozen binding uses."""
+    items = [text] if isinstance(text, str) else list(text)
+    pins: dict[str, int] = {}
+    for item in (bit.strip() for piece in items for bit in piece.split(",")):
+        if not item:
+            continue
+        name, sep, number = item.partition("=")
+        if not sep or not name.strip() or not number.strip().isdigit():
+            raise InvalidInput(
+                f"child_versions: {item!r} is not NAME=VERSION (e.g. payment=3)", "child_versions"
+            )
+        pins[name.strip()] = int(number)
+    return pins
 
 
 def _check_packet_size(size: int) -> None:

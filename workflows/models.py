@@ -25,6 +25,8 @@ from engine.events import EncodedEvent, EventType
 from engine.lifecycle import RetryPolicy
 from engine.status import TERMINAL_STATUSES as ENGINE_TERMINAL_STATUSES
 from engine.status import RunStatus as EngineRunStatus
+from engine.versions import ChildBinding as EngineChildBinding
+from engine.versions import DeployedVersion
 from workflows.tenancy import of_tenant
 
 DEFAULT_TENANT_ID = uuid.UUID("00000000-0000-0000-0000-000000000000")
@@ -67,6 +69,21 @@ class ParentClosePolicy(models.TextChoices):
     TERMINATE = "terminate", "terminate"
     ABANDON = "abandon", "abandon"
     REQUEST_CANCEL = "request_cancel", "request cancel"
+
+
+# How a definition's children get their versions: the engine's values (the resolution rule,
+# engine/versions.py, reads them), with labels for the admin.
+_CHILD_BINDING_LABELS = {
+    EngineChildBinding.DEFAULT: "default (parent's version, else latest compatible)",
+    EngineChildBinding.FROZEN: "frozen (versions pinned at deploy)",
+    EngineChildBinding.STABLE: "stable (the version tagged stable)",
+    EngineChildBinding.LATEST: "latest (the newest non-deprecated version)",
+}
+ChildBinding = models.TextChoices(
+    "ChildBinding",
+    [(b.name, (b.value, _CHILD_BINDING_LABELS[b])) for b in EngineChildBinding],
+    module=__name__,
+)
 
 
 class Tenant(models.Model):
@@ -180,6 +197,18 @@ class WorkflowDefinition(TenantScoped):
     retry_backoff_coefficient = models.FloatField(default=2.0)
     retry_max_interval_s = models.FloatField(default=300.0)
     deprecated = models.BooleanField(default=False)
+    child_binding = models.CharField(
+        max_length=8,
+        choices=ChildBinding.choices,
+        default=ChildBinding.DEFAULT,
+        blank=True,
+        help_text="How this version's children get their versions (engine/versions.py).",
+    )
+    child_versions = models.JSONField(
+        default=dict,
+        blank=True,
+        help_text='With child_binding frozen: {"child name": version} pinned at deploy.',
+    )
     created_at = models.DateTimeField(default=timezone.now)
 
     class Meta:
@@ -193,6 +222,18 @@ class WorkflowDefinition(TenantScoped):
 
     def __str__(self) -> str:
         return f"{self.name} v{self.version}"
+
+    @property
+    def deployed_version(self) -> DeployedVersion:
+        """What :mod:`engine.versions`' rules need to know about this version."""
+        return DeployedVersion(
+            version=self.version,
+            deprecated=self.deprecated,
+            min_version=self.min_version,
+            entry_points=tuple(self.entry_points or ()),
+            child_binding=self.child_binding,
+            child_versions=dict(self.child_versions or {}),
+        )
 
     @property
     def retry_policy(self) -> RetryPolicy:

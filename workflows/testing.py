@@ -19,7 +19,12 @@ from engine.lifecycle import RetryPolicy
 from engine.services import Services
 from engine.testing import RecordingCaller
 from workflows import services as svc
-from workflows.definitions import deploy_definition
+from workflows.definitions import (
+    deploy_definition,
+    deprecate_definition,
+    restore_definition,
+    set_tag,
+)
 from workflows.executor import execute_claim, set_services
 from workflows.models import (
     Tenant,
@@ -93,9 +98,12 @@ class DatabaseWorkflowEnvironment:
         min_version: int = 0,
         max_history_length: int = 0,
         retry: RetryPolicy | None = None,
+        child_binding: str = "",
+        child_versions: Mapping[str, int] | None = None,
     ) -> int:
         """As :meth:`engine.testing.WorkflowEnvironment.deploy`: the declared minimum
-        version, the history cap and the retry policy are the definition's."""
+        version, the history cap, the retry policy and the child binding are the
+        definition's."""
         definition = deploy_definition(
             self.tenant,
             name,
@@ -103,6 +111,8 @@ class DatabaseWorkflowEnvironment:
             version=version,
             min_version=min_version,
             max_history_length=max_history_length,
+            child_binding=child_binding,
+            child_versions=dict(child_versions or {}),
         )
         if retry is not None:
             with tenant_context(self.tenant.id):
@@ -113,6 +123,15 @@ class DatabaseWorkflowEnvironment:
                     retry_max_interval_s=retry.max_interval_s,
                 )
         return definition.version
+
+    def deprecate(self, name: str, version: int, deprecated: bool = True) -> None:
+        if deprecated:
+            deprecate_definition(self.tenant, name, version, "test")
+        else:
+            restore_definition(self.tenant, name, version, "test")
+
+    def set_tag(self, name: str, tag: str, version: int) -> None:
+        set_tag(self.tenant, name, tag, version, "test")
 
     def start(self, name: str, input: Any = None, *, version: int | None = None, **kw: Any) -> str:
         text = input if isinstance(input, str) else json.dumps(input)

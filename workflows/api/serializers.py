@@ -25,6 +25,7 @@ from workflows.models import (
     NAME_PATTERN,
     PRIORITY_MAX,
     PRIORITY_MIN,
+    ChildBinding,
     Promise,
     RoutingRule,
     RunStatus,
@@ -180,6 +181,8 @@ class DefinitionSerializer(serializers.ModelSerializer):
             "retry_backoff_coefficient",
             "retry_max_interval_s",
             "deprecated",
+            "child_binding",
+            "child_versions",
             "active_runs",
             "created_at",
         ]
@@ -196,6 +199,18 @@ class DeployOptionsSerializer(KnownFieldsOnly):
     min_version = serializers.IntegerField(required=False, min_value=0, max_value=INT32_MAX)
     max_history_length = serializers.IntegerField(required=False, min_value=0, max_value=INT32_MAX)
     retry_max_attempts = serializers.IntegerField(required=False, min_value=1, max_value=1000)
+    child_binding = serializers.ChoiceField(
+        choices=ChildBinding.choices,
+        required=False,
+        allow_blank=True,
+        help_text="How this version's children get their versions: frozen, stable, latest, "
+        "or empty (the parent's version, else the newest compatible).",
+    )
+    child_versions = serializers.JSONField(
+        required=False,
+        binary=True,
+        help_text='With child_binding frozen: {"child name": version}, as a JSON object.',
+    )
 
 
 class DeployUploadSerializer(DeployOptionsSerializer):

@@ -267,6 +267,8 @@ class DefinitionViewSet(TenantViewSet):
             OpenApiParameter("min_version", int, description="Raw body only."),
             OpenApiParameter("max_history_length", int, description="Raw body only."),
             OpenApiParameter("retry_max_attempts", int, description="Raw body only."),
+            OpenApiParameter("child_binding", str, description="Raw body only."),
+            OpenApiParameter("child_versions", str, description="Raw body only: a JSON object."),
         ],
         responses={201: s.DefinitionSerializer},
     )

@@ -572,6 +572,8 @@ def deploy_page(request: HttpRequest) -> HttpResponse:
                 version=data.get("version"),
                 min_version=data.get("min_version") or 0,
                 retry_max_attempts=data.get("retry_max_attempts"),
+                child_binding=data.get("child_binding") or "",
+                child_versions=defs.parse_child_versions(data.get("child_versions") or ""),
             )
         except svc.ServiceError as exc:
             form.add_error(exc.field if exc.field in form.fields else None, exc.message)

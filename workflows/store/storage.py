@@ -45,7 +45,14 @@ from engine.storage import (
     UpdateRequest,
     child_status,
 )
-from engine.versions import NoSuchVersion, choose_version
+from engine.versions import (
+    STABLE_TAG,
+    ChildBinding,
+    DeployedVersion,
+    NoSuchVersion,
+    choose_version,
+    resolve_child_version,
+)
 from workflows.models import (
     PRIORITY_MAX,
     PRIORITY_MIN,
@@ -55,6 +62,7 @@ from workflows.models import (
     Promise,
     RunStatus,
     Signal,
+    VersionTag,
     WorkflowDefinition,
     WorkflowEvent,
     WorkflowInstance,
@@ -410,7 +418,12 @@ class DjangoStorage:
     ) -> str:
         if WorkflowInstance.objects.filter(id=run_id).exists():
             return run_id  # the same step started it before a crash
-        definition = resolve_child_definition(self.tenant_id, name, version, parent_version)
+        if parent:
+            definition = resolve_child_definition(
+                self.tenant_id, name, version, parent_version, ref.run_id
+            )
+        else:
+            definition = resolve_detached_definition(self.tenant_id, name)
         parent_row = WorkflowInstance.objects.filter(id=ref.run_id).values("task_queue").first()
         WorkflowInstance.objects.create(
             id=run_id,
@@ -579,18 +592,53 @@ def child_outcome(tenant: uuid.UUID, run_id: str) -> ChildOutcome | None:
 
 
 def resolve_child_definition(
-    tenant: uuid.UUID, name: str, version: int, parent_version: int
+    tenant: uuid.UUID, name: str, version: int, parent_version: int, parent_run_id: str = ""
 ) -> WorkflowDefinition:
-    """Explicit version; else the parent's version when the child has it; else the newest
-    non-deprecated version (:func:`engine.versions.choose_version`)."""
+    """The child's version by :func:`engine.versions.resolve_child_version`: an explicit
+    version, else the parent definition's binding policy, else the parent's version, else
+    the newest compatible one. ``NOT_FOUND`` to the guest when none qualifies."""
+    defs = WorkflowDefinition.objects.filter(tenant_id=tenant, name=name).defer("wasm")
+    parent = (
+        WorkflowDefinition.objects.filter(workflowinstance__id=parent_run_id)
+        .values("child_binding", "child_versions")
+        .first()
+        if parent_run_id
+        else None
+    ) or {}
+    binding = parent.get("child_binding") or ""
+    stable = None
+    if binding == ChildBinding.STABLE:
+        stable = (
+            VersionTag.objects.filter(tenant_id=tenant, name=name, tag=STABLE_TAG)
+            .values_list("version", flat=True)
+            .first()
+        )
+    try:
+        chosen = resolve_child_version(
+            name,
+            [
+                DeployedVersion(number, deprecated, minimum)
+                for number, deprecated, minimum in defs.values_list(
+                    "version", "deprecated", "min_version"
+                )
+            ],
+            version=version,
+            parent_version=parent_version,
+            binding=binding,
+            pins=parent.get("child_versions") or {},
+            stable=stable,
+        )
+    except NoSuchVersion as exc:
+        raise Refused(AbiStatus.NOT_FOUND, exc.message) from None
+    return defs.get(version=chosen)
+
+
+def resolve_detached_definition(tenant: uuid.UUID, name: str) -> WorkflowDefinition:
+    """A detached run's version: as any start from outside, the newest non-deprecated one
+    (:func:`engine.versions.choose_version`)."""
     defs = WorkflowDefinition.objects.filter(tenant_id=tenant, name=name).defer("wasm")
     try:
-        chosen = choose_version(
-            name,
-            dict(defs.values_list("version", "deprecated")),
-            version=version if version > 0 else None,
-            preferred=parent_version,
-        )
+        chosen = choose_version(name, dict(defs.values_list("version", "deprecated")))
     except NoSuchVersion as exc:
         raise Refused(AbiStatus.NOT_FOUND, exc.message) from None
     return defs.get(version=chosen)

@@ -8,8 +8,9 @@ from typing import Any
 import wasmtime
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
+from engine.versions import ChildBinding
 from workflows.api.parsers import max_module_bytes
-from workflows.definitions import deploy_definition
+from workflows.definitions import deploy_definition, parse_child_versions
 from workflows.management.commands._common import (
     VersionOptionMixin,
     add_tenant_argument,
@@ -29,6 +30,20 @@ class Command(VersionOptionMixin, BaseCommand):
         parser.add_argument("--min-version", type=int, default=0)
         parser.add_argument(
             "--max-history", type=int, default=0, help="events before continue-as-new"
+        )
+        parser.add_argument(
+            "--child-binding",
+            default="",
+            choices=[b.value for b in ChildBinding if b.value],
+            help="how this version's children get their versions (default: the parent's "
+            "version, else the newest compatible)",
+        )
+        parser.add_argument(
+            "--child-version",
+            action="append",
+            default=[],
+            metavar="NAME=VERSION",
+            help="with --child-binding frozen: pin a child workflow's version (repeatable)",
         )
         add_tenant_argument(parser)
 
@@ -54,6 +69,7 @@ class Command(VersionOptionMixin, BaseCommand):
             except (wasmtime.WasmtimeError, UnicodeDecodeError) as exc:
                 raise CommandError(f"{path} is not valid WAT: {exc}") from None
         try:
+            pins = parse_child_versions(options["child_version"])
             definition = deploy_definition(
                 tenant,
                 options["name"],
@@ -61,6 +77,8 @@ class Command(VersionOptionMixin, BaseCommand):
                 version=options["def_version"],
                 min_version=options["min_version"],
                 max_history_length=options["max_history"],
+                child_binding=options["child_binding"],
+                child_versions=pins,
             )
         except ServiceError as exc:
             raise fail(exc) from None

@@ -1,0 +1,126 @@
+"""The version and policy settings of issue 14 through every surface that sets them: the
+deploy command's flags, the API's deploy and the admin's deploy form (the rules themselves
+are tested through both stores in ``test_version_scenarios.py``)."""
+
+from __future__ import annotations
+
+import io
+from pathlib import Path
+from typing import Any
+from urllib.parse import quote
+
+import pytest
+from django.contrib.auth import get_user_model
+from django.core.files.uploadedfile import SimpleUploadedFile
+from django.core.management import CommandError, call_command
+from django.test import Client
+
+from tests.integration.test_api_support import Api, error_of, key_for, signal_waiter
+from workflows.models import Role, Tenant, WorkflowDefinition
+from workflows.tenancy import tenant_context
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+
+def definition(tenant: Tenant, name: str, version: int = 1) -> WorkflowDefinition:
+    with tenant_context(tenant.id):
+        return WorkflowDefinition.objects.defer("wasm").get(name=name, version=version)
+
+
+@pytest.fixture
+def admin_api(tenant: Tenant) -> Api:
+    return Api(key_for(tenant, Role.ADMIN))
+
+
+@pytest.fixture
+def module(tmp_path: Path) -> Path:
+    path = tmp_path / "parent.wasm"
+    path.write_bytes(bytes(signal_waiter()))
+    return path
+
+
+# --- child binding --------------------------------------------------------------------------------
+
+
+def test_the_deploy_command_sets_the_child_binding(tenant: Tenant, module: Path) -> None:
+    out = io.StringIO()
+    call_command(
+        "deploy_workflow",
+        "parent",
+        str(module),
+        "--child-binding",
+        "frozen",
+        "--child-version",
+        "child=2",
+        "--child-version",
+        "other=1",
+        stdout=out,
+    )
+    deployed = definition(tenant, "parent")
+    assert (deployed.child_binding, deployed.child_versions) == (
+        "frozen",
+        {"child": 2, "other": 1},
+    )
+    with pytest.raises(CommandError, match="'child=two' is not NAME=VERSION"):
+        call_command(
+            "deploy_workflow", "parent", str(module), "--child-binding", "frozen",
+            "--child-version", "child=two", stdout=io.StringIO(),
+        )  # fmt: skip
+    with pytest.raises(CommandError, match="only used with child_binding 'frozen'"):
+        call_command(
+            "deploy_workflow", "parent", str(module), "--child-version", "child=1",
+            stdout=io.StringIO(),
+        )  # fmt: skip
+
+
+def test_the_api_deploy_sets_the_child_binding(tenant: Tenant, admin_api: Api) -> None:
+    pins = quote('{"child": 3}')
+    made = admin_api.deploy("parent", signal_waiter(), child_binding="frozen", child_versions=pins)
+    assert made.status_code == 201, made.content
+    assert (made.json()["child_binding"], made.json()["child_versions"]) == ("frozen", {"child": 3})
+    stable = admin_api.deploy("parent", signal_waiter(), child_binding="stable")
+    assert stable.json()["child_binding"] == "stable"
+    refused = admin_api.deploy("parent", signal_waiter(), child_binding="newest")
+    assert refused.status_code == 400 and error_of(refused)["field"] == "child_binding"
+    bad_pin = admin_api.deploy(
+        "parent", signal_waiter(), child_binding="frozen", child_versions=quote('{"child": -1}')
+    )
+    assert bad_pin.status_code == 400 and error_of(bad_pin) == {
+        "code": "invalid",
+        "field": "child_versions",
+        "message": "child_versions['child'] must be a positive integer",
+    }
+
+
+@pytest.fixture
+def op(tenant: Any) -> Client:
+    user = get_user_model().objects.create_superuser("op", "op@example.com", "pw-12345678")
+    client = Client()
+    client.force_login(user)
+    return client
+
+
+def test_the_admin_deploy_form_sets_the_child_binding(tenant: Tenant, op: Client) -> None:
+    form = {"name": "parent", "child_binding": "frozen", "child_versions": "child=1, other=4"}
+    response = op.post(
+        "/admin/workflows/workflowdefinition/add/",
+        {**form, "wasm": SimpleUploadedFile("p.wasm", bytes(signal_waiter()))},
+    )
+    assert response.status_code == 302
+    deployed = definition(tenant, "parent")
+    assert (deployed.child_binding, deployed.child_versions) == (
+        "frozen",
+        {"child": 1, "other": 4},
+    )
+    page = op.get(f"/admin/workflows/workflowdefinition/{deployed.pk}/change/").content.decode()
+    assert "frozen (versions pinned at deploy): child v1, other v4" in page
+    refused = op.post(
+        "/admin/workflows/workflowdefinition/add/",
+        {
+            "name": "parent",
+            "child_versions": "child=1",
+            "wasm": SimpleUploadedFile("p.wasm", bytes(signal_waiter())),
+        },
+    )
+    assert refused.status_code == 400
+    assert "only used with child_binding" in refused.content.decode()
