@@ -49,6 +49,7 @@ from engine.versions import (
     DeployedVersion,
     NoSuchVersion,
     choose_version,
+    move_refusal,
     resolve_child_version,
 )
 
@@ -64,6 +65,7 @@ class RunRecord:
     input: str
     created_ms: int
     tenant_id: str = "default"
+    entry_point: str = "run"
     status: RunStatus = RunStatus.READY
     result: str | None = None
     error: str | None = None
@@ -228,6 +230,18 @@ class InMemoryStorage:
     def _apply(self, run: RunRecord, transition: lifecycle.Transition) -> str | None:
         """Apply a transition of :mod:`engine.lifecycle` to ``run``; returns the successor's
         run id, if it made one."""
+        if transition.successor is not None and transition.successor.version != run.version:
+            target = transition.successor.version
+            refusal = move_refusal(
+                run.definition,
+                self.deployed(run.definition, run.version) or DeployedVersion(run.version),
+                self.deployed(run.definition, target),
+                target,
+                entry_point=run.entry_point,
+            )
+            if refusal is not None:
+                code, message = refusal
+                transition = lifecycle.successor_refused(run.workflow_id, code.value, message)
         run.status = transition.status
         if transition.attempt is not None:
             run.attempt = transition.attempt
@@ -239,12 +253,9 @@ class InMemoryStorage:
             self._forget_failed_call(run)
         successor: str | None = None
         if transition.successor is not None:
-            version = transition.successor.version
-            if version not in self.definitions.get(run.definition, {}):
-                version = run.version  # as the database store: an unknown version keeps this one
             successor = self.create_run(
                 run.definition,
-                version,
+                transition.successor.version,
                 transition.successor.input,
                 workflow_id=run.workflow_id,
                 parent_run_id=run.parent_run_id,
@@ -370,6 +381,43 @@ class InMemoryStorage:
         with self._lock:
             transition = lifecycle.force_fail(self._run(run_id).workflow_id, message, code)
             self._close(run_id, "force_fail", transition, operator, reason)
+
+    def move_to_version(
+        self, run_id: str, version: int, *, operator: str = "operator", reason: str = ""
+    ) -> None:
+        """An operator's move of a run to another deployed version of its definition: its
+        history replays on that version's code from the next segment on. Refused (Refused,
+        nothing changed) for a run that is running or finished, a version that is not
+        deployed, or one :func:`engine.versions.move_refusal` finds incompatible."""
+        with self._lock:
+            run = self._run(run_id)
+            refused = lifecycle.move_refusal_by_status(run.status)
+            if refused is not None:
+                raise Refused(AbiStatus.PERMANENT, f"run {run_id} is {refused}")
+            refusal = move_refusal(
+                run.definition,
+                self.deployed(run.definition, run.version) or DeployedVersion(run.version),
+                self.deployed(run.definition, version),
+                version,
+                entry_point=run.entry_point,
+            )
+            if refusal is not None:
+                code, message = refusal
+                status = AbiStatus.NOT_FOUND if code == "not_found" else AbiStatus.PERMANENT
+                raise Refused(status, message)
+            self._append(
+                run,
+                [
+                    AdminActionEvent(
+                        step=len(run.history),
+                        ts=self.clock(),
+                        action="move_to_version",
+                        operator=operator,
+                        reason=reason,
+                    )
+                ],
+            )
+            run.version = version
 
     def cancel(self, run_id: str, reason: str) -> None:
         with self._lock:

@@ -270,6 +270,11 @@ class WorkflowEnvironment:
     def force_fail(self, run_id: str, message: str, code: str = "error") -> None:
         self.storage.force_fail(run_id, message, code, operator="test")
 
+    def move_to_version(self, run_id: str, version: int) -> None:
+        """An operator's move of a waiting, paused or dead-lettered run to another version
+        (refused, with the first incompatibility, as under the database store)."""
+        self.storage.move_to_version(run_id, version, operator="test")
+
     def resolve_promise(self, promise_id: str, value: Any) -> None:
         self.storage.settle_promise(promise_id, value=dumps(value))
 

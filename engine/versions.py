@@ -11,9 +11,9 @@ for the caller to translate.
 - :func:`resolve_child_version`: a child's version, as the reference's
   ``ResolveChildVersion`` with the parent definition's binding policy
   (``WithChildBindingPolicy``).
-- :func:`incompatibility`: whether a run on one version may continue on another
-  (continue-as-new with a version, an operator's "move to version N"), as the reference's
-  ``ValidateVersionCompatibility``.
+- :func:`incompatibility` and :func:`move_refusal`: whether a run on one version may
+  continue on another (continue-as-new with a version, an operator's "move to version
+  N"), as the reference's ``ValidateVersionCompatibility``.
 """
 
 from __future__ import annotations
@@ -21,6 +21,8 @@ from __future__ import annotations
 import enum
 from collections.abc import Collection, Mapping
 from dataclasses import dataclass, field
+
+from engine.errors import ErrorCode
 
 STABLE_TAG = "stable"
 
@@ -212,5 +214,28 @@ def incompatibility(
         return (
             f"{label} has min_version {target.min_version}: it does not replay histories "
             f"of version {current.version}"
+        )
+    return None
+
+
+def move_refusal(
+    name: str,
+    current: DeployedVersion,
+    target: DeployedVersion | None,
+    target_version: int,
+    *,
+    entry_point: str = "run",
+) -> tuple[ErrorCode, str] | None:
+    """Why a run of ``name`` on ``current`` may not go on as ``target_version``
+    (``target``: that version as deployed, None when it is not), as an error code and a
+    message; None when it may. One rule for continue-as-new with a version (the run then
+    fails with it) and an operator's move (refused with it)."""
+    if target is None:
+        return ErrorCode.NOT_FOUND, f"{name} has no version {target_version} to move to"
+    problem = incompatibility(current, target, entry_point=entry_point)
+    if problem is not None:
+        return (
+            ErrorCode.PERMANENT,
+            f"{name} version {current.version} cannot move to version {target_version}: {problem}",
         )
     return None

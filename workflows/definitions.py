@@ -64,7 +64,7 @@ def deploy_definition(
     from workflows.executor import get_runtime
 
     check_name(name, "name")
-    child_versions = dict(child_versions or {})
+    child_versions = {} if child_versions is None else child_versions
     binding = binding_problem(child_binding, child_versions)
     if binding is not None:
         raise InvalidInput(binding[1], binding[0])

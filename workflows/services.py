@@ -23,6 +23,7 @@ from engine import lifecycle
 from engine.errors import ErrorCode
 from engine.events import AdminActionEvent, encode
 from engine.storable import json_text_fault
+from engine.versions import move_refusal
 from workflows.models import (
     PRIORITY_MAX,
     PRIORITY_MIN,
@@ -33,6 +34,7 @@ from workflows.models import (
     Signal,
     Tenant,
     UpdateRequest,
+    WorkflowDefinition,
     WorkflowEvent,
     WorkflowInstance,
     name_validator,
@@ -493,6 +495,63 @@ def re_replay(
             )
         _audit(tenant, instance, "re_replay", operator, reason)
         _reopen(instance)
+    return instance
+
+
+def move_to_version(
+    tenant: Tenant,
+    run_id: str,
+    version: Any,
+    operator: str = "api",
+    reason: str = "",
+    generation: int | None = None,
+) -> WorkflowInstance:
+    """An operator's "move to version N": a waiting, paused or dead-lettered run replays its
+    history on another deployed version of its definition from its next segment on.
+    Refused -- nothing changes -- for a running or finished run (Conflict), a version that
+    is not deployed (NotFound), and one that cannot take the run over (Conflict with the
+    first incompatibility, :func:`engine.versions.move_refusal`)."""
+    if isinstance(version, bool) or not isinstance(version, int) or version < 1:
+        raise InvalidInput("version must be a positive integer", "version")
+    with tenant_context(tenant.id):
+        instance = get_instance(tenant, run_id, lock=True)
+        _check_generation(instance, generation)
+        refused = lifecycle.move_refusal_by_status(instance.status)
+        if refused is not None:
+            raise Conflict(f"run {run_id} is {refused}", "run_id")
+        target = (
+            WorkflowDefinition.objects.filter(
+                tenant_id=tenant.id, name=instance.definition_name, version=version
+            )
+            .defer("wasm")
+            .first()
+        )
+        current = WorkflowDefinition.objects.defer("wasm").get(id=instance.definition_id)
+        refusal = move_refusal(
+            instance.definition_name,
+            current.deployed_version,
+            target.deployed_version if target is not None else None,
+            version,
+            entry_point=instance.entry_point,
+        )
+        if refusal is not None:
+            code, message = refusal
+            if code == ErrorCode.NOT_FOUND:
+                raise NotFound(message, "version")
+            raise Conflict(message, "version")
+        assert target is not None
+        _audit(
+            tenant,
+            instance,
+            "move_to_version",
+            operator,
+            reason,
+            {"from_version": instance.definition_version, "to_version": version},
+        )
+        WorkflowInstance.objects.filter(id=instance.id).update(
+            definition=target, definition_version=version
+        )
+        instance.refresh_from_db()
     return instance
 
 

@@ -188,6 +188,9 @@ class DatabaseWorkflowEnvironment:
     def force_fail(self, run_id: str, message: str, code: str = "error") -> None:
         svc.force_fail(self.tenant, run_id, None, message, code, operator="test")
 
+    def move_to_version(self, run_id: str, version: int) -> None:
+        svc.move_to_version(self.tenant, run_id, version, "test")
+
     def resolve_promise(self, promise_id: str, value: Any) -> None:
         svc.settle_promise(self.tenant, promise_id, value=value)
 

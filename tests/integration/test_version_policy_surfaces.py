@@ -16,7 +16,7 @@ from django.core.management import CommandError, call_command
 from django.test import Client
 
 from tests.integration.test_api_support import Api, error_of, key_for, signal_waiter
-from workflows.models import Role, Tenant, WorkflowDefinition
+from workflows.models import AuditLog, Role, Tenant, WorkflowDefinition
 from workflows.tenancy import tenant_context
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -124,3 +124,35 @@ def test_the_admin_deploy_form_sets_the_child_binding(tenant: Tenant, op: Client
     )
     assert refused.status_code == 400
     assert "only used with child_binding" in refused.content.decode()
+
+
+# --- an operator's move to another version -----------------------------------------------------
+
+
+def test_the_api_moves_a_run_to_another_version(tenant: Tenant, admin_api: Api) -> None:
+    assert admin_api.deploy("waiter", signal_waiter()).status_code == 201
+    assert admin_api.deploy("waiter", signal_waiter()).status_code == 201
+    assert admin_api.deploy("waiter", signal_waiter(), min_version=2).status_code == 201
+    run = admin_api.start("waiter", version=1).json()
+    url = f"/api/v1/workflows/{run['id']}/move-version"
+    missing = admin_api.post(url, {"version": 9})
+    assert missing.status_code == 404 and error_of(missing) == {
+        "code": "not_found",
+        "field": "version",
+        "message": "waiter has no version 9 to move to",
+    }
+    refused = admin_api.post(url, {"version": 3})
+    assert refused.status_code == 409 and error_of(refused)["message"] == (
+        "waiter version 1 cannot move to version 3: version 3 has min_version 2: it does not "
+        "replay histories of version 1"
+    )
+    operator = Api(key_for(tenant, Role.OPERATOR, "operator"))
+    assert operator.post(url, {"version": 2}).status_code == 403
+    moved = admin_api.post(url, {"version": 2, "reason": "fixed in v2"})
+    assert moved.status_code == 200, moved.content
+    assert moved.json()["version"] == 2
+    with tenant_context(tenant.id):
+        entry = AuditLog.objects.get(instance_id=run["id"], action="move_to_version")
+    assert (entry.reason, entry.detail) == ("fixed in v2", {"from_version": 1, "to_version": 2})
+    bad = admin_api.post(url, {"version": 0})
+    assert bad.status_code == 400 and error_of(bad)["field"] == "version"

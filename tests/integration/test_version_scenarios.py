@@ -228,3 +228,127 @@ def test_a_bad_binding_is_refused_at_deploy(make_env: MakeEnv) -> None:
         env.deploy("parent", starts_a_child(), child_versions={"child": 1})
     with pytest.raises(Exception, match=r"child_versions\['child'\] must be a positive integer"):
         env.deploy("parent", starts_a_child(), child_binding="frozen", child_versions={"child": 0})
+
+
+# --- continue-as-new with a version, and an operator's move ---------------------------------------
+
+
+def continues_on(version: int, *, handler: bool = False) -> bytes:
+    """A first run that continues as new on ``version``; a successor reports its version.
+    ``handler``: it also exports an update handler ``bump``."""
+    w = Wat()
+    if handler:
+        w.func("bump", w.reply(0, "bumped"))
+    w.run(
+        f"""
+    (if (i64.eq (call $has_state {w.s("moved")}) (i64.const 0))
+      (then
+        (drop (call $set_state {w.s("moved")} {w.js(1)}))
+        (drop (call $continue_as_new_with_version {w.js({})} (i64.const {version})))))
+    (call $recn (call $version))
+    (call $finish)"""
+    )
+    return w.wasm()
+
+
+def test_continue_as_new_to_a_compatible_version_starts_it(make_env: MakeEnv) -> None:
+    env = make_env()
+    env.deploy("flow", continues_on(2, handler=True))
+    env.deploy("flow", continues_on(2, handler=True), min_version=1)
+    run = env.start("flow", version=1)
+    env.run_until_idle()
+    successor = env.describe(run)["continued_as"]
+    assert env.describe(run)["status"] == "done" and successor is not None
+    assert (env.describe(successor)["version"], env.result(successor)) == (2, [2])
+
+
+@pytest.mark.parametrize(
+    ("second", "min_version", "code", "message"),
+    [
+        (
+            None,
+            0,
+            "not_found",
+            "flow has no version 2 to move to",
+        ),
+        (
+            continues_on(2),
+            0,
+            "permanent",
+            "flow version 1 cannot move to version 2: version 2 does not export 'bump', "
+            "which version 1 exports (an entry point or update handler)",
+        ),
+        (
+            continues_on(2, handler=True),
+            5,
+            "permanent",
+            "flow version 1 cannot move to version 2: version 2 has min_version 5: it does not "
+            "replay histories of version 1",
+        ),
+    ],
+    ids=["missing", "lacks-an-update-handler", "min-version-above"],
+)
+def test_continue_as_new_to_an_incompatible_version_fails_the_run_clearly(
+    make_env: MakeEnv, second: bytes | None, min_version: int, code: str, message: str
+) -> None:
+    """Refused with the first incompatibility: the run fails (nothing retries it) and no
+    successor starts. A version that is not deployed no longer leaves the run silently on
+    its own version."""
+    env = make_env()
+    env.deploy("flow", continues_on(2, handler=True))
+    if second is not None:
+        env.deploy("flow", second, min_version=min_version)
+    run = env.start("flow", version=1)
+    env.run_until_idle()
+    info = env.describe(run)
+    assert (info["status"], info["error_code"], info["error"]) == ("failed", code, message)
+    assert info["continued_as"] is None
+    assert env.locks() == {}
+
+
+def waits_then_reports_its_version(*, handler: bool = False) -> bytes:
+    w = Wat()
+    if handler:
+        w.func("bump", w.reply(0, "bumped"))
+    w.run(
+        f"""
+    (drop (call $durable_await_signals {w.js(["go"])} (i64.const -1)))
+    (call $recn (call $version))
+    (call $finish)"""
+    )
+    return w.wasm()
+
+
+def test_an_operator_moves_a_waiting_run_to_a_compatible_version(make_env: MakeEnv) -> None:
+    """The run's history replays on version 2's code from its next segment: it finishes
+    there. The move is kept in the history as an admin_action."""
+    env = make_env()
+    env.deploy("flow", waits_then_reports_its_version(handler=True))
+    env.deploy("flow", waits_then_reports_its_version(handler=True), min_version=1)
+    run = env.run("flow", version=1)
+    env.move_to_version(run, 2)
+    assert env.describe(run)["version"] == 2
+    env.signal(run, "go")
+    env.run_until_idle()
+    assert env.result(run) == [2]
+    assert [e.TYPE.value for e in env.history(run)] == ["admin_action", "await_signals"]
+
+
+def test_an_operators_move_is_refused_with_the_first_incompatibility(make_env: MakeEnv) -> None:
+    env = make_env()
+    env.deploy("flow", waits_then_reports_its_version(handler=True))
+    env.deploy("flow", waits_then_reports_its_version())  # no update handler
+    env.deploy("flow", waits_then_reports_its_version(handler=True), min_version=3)
+    run = env.run("flow", version=1)
+    with pytest.raises(Exception, match="flow has no version 7 to move to"):
+        env.move_to_version(run, 7)
+    with pytest.raises(Exception, match="version 2 does not export 'bump'"):
+        env.move_to_version(run, 2)
+    with pytest.raises(Exception, match="version 3 has min_version 3"):
+        env.move_to_version(run, 3)
+    assert env.describe(run)["version"] == 1  # nothing moved
+    env.signal(run, "go")
+    env.run_until_idle()
+    assert env.result(run) == [1]
+    with pytest.raises(Exception, match="already done"):
+        env.move_to_version(run, 1)

@@ -446,6 +446,11 @@ class ReReplaySerializer(ReasonSerializer):
     generation = serializers.IntegerField(min_value=0, max_value=2**63 - 1)
 
 
+class MoveVersionSerializer(ReasonSerializer):
+    version = serializers.IntegerField(min_value=1, max_value=INT32_MAX)
+    generation = serializers.IntegerField(required=False, min_value=0, max_value=2**63 - 1)
+
+
 class UpdateRequestSerializer(KnownFieldsOnly):
     name = serializers.CharField(max_length=128)
     payload = serializers.JSONField(required=False, default=None, allow_null=True)

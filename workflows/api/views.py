@@ -551,6 +551,7 @@ class WorkflowViewSet(TenantViewSet):
         "force_complete": Role.ADMIN,
         "force_fail": Role.ADMIN,
         "re_replay": Role.ADMIN,
+        "move_version": Role.ADMIN,
     }
 
     def get_queryset(self) -> QuerySet[WorkflowInstance]:
@@ -803,6 +804,32 @@ class WorkflowViewSet(TenantViewSet):
     def re_replay(self, request: Request, run_id: str) -> Response:
         body = self.validated(s.ReReplaySerializer)
         services.re_replay(self.tenant, run_id, body["generation"], self.operator, body["reason"])
+        return self._respond(run_id)
+
+    @extend_schema(
+        summary="Move the run to another version of its definition (admin)",
+        description=(
+            "A ready, paused or dead-lettered run replays its history on `version` from its "
+            "next segment on. 404 when the version is not deployed; 409 when the run is "
+            "running or finished, `generation` is stale, or the version cannot take the run "
+            "over (the message names the first incompatibility: an entry point or update "
+            "handler it lacks, a min_version above the run's version)."
+        ),
+        request=s.MoveVersionSerializer,
+        responses=s.RunSerializer,
+    )
+    @_errors(404, 409)
+    @action(detail=True, methods=["post"], url_path="move-version")
+    def move_version(self, request: Request, run_id: str) -> Response:
+        body = self.validated(s.MoveVersionSerializer)
+        services.move_to_version(
+            self.tenant,
+            run_id,
+            body["version"],
+            self.operator,
+            body["reason"],
+            generation=body.get("generation"),
+        )
         return self._respond(run_id)
 
     @extend_schema(
