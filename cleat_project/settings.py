@@ -243,6 +243,15 @@ CLEAT_PRIORITY_MAX_BY_ROLE = env.json(
     "CLEAT_PRIORITY_MAX_BY_ROLE", default={"operator": 10, "admin": 100}
 )
 CLEAT_MAX_BACKFILL_RUNS = env.int("CLEAT_MAX_BACKFILL_RUNS", default=100)
+# Signal authorization (engine/policies.py): on, a run may be signalled only by the workflows
+# its definition's allowed_signal_callers names (an empty list: none), and from outside only
+# by API keys marked may_signal and users with the workflows.signal_workflowinstance
+# permission.
+CLEAT_REQUIRE_SIGNAL_AUTH = env.bool("CLEAT_REQUIRE_SIGNAL_AUTH", default=False)
+# Quotas (engine/policies.py), 0 meaning unlimited; a tenant's admin page overrides each.
+CLEAT_MAX_CHILDREN_PER_RUN = env.int("CLEAT_MAX_CHILDREN_PER_RUN", default=0)
+CLEAT_MAX_LOCKS_PER_RUN = env.int("CLEAT_MAX_LOCKS_PER_RUN", default=0)
+CLEAT_MAX_SCHEDULES_PER_TENANT = env.int("CLEAT_MAX_SCHEDULES_PER_TENANT", default=100)
 # PostgreSQL: the role the application connects as (created by the migrations).
 CLEAT_APP_ROLE = env.str("CLEAT_APP_ROLE", default="cleat_app")
 CLEAT_APP_ROLE_PASSWORD = env.str("CLEAT_APP_ROLE_PASSWORD", default="")

@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import enum
 
+from engine.status import AbiStatus
+
 
 class ErrorCode(enum.StrEnum):
     """Why a workflow failed. Stored in the instance's ``error_code`` column; defined once here."""
@@ -69,6 +71,17 @@ class Refused(EngineError):
         super().__init__(message)
         self.status = status
         self.message = message
+
+
+class Denied(Refused):
+    """A policy refused the operation (``DENIED``): signal authorization, a quota. Stores
+    keep an audit row of it after the refused change has rolled back; ``detail`` says what
+    was refused."""
+
+    def __init__(self, message: str, action: str, **detail: str) -> None:
+        super().__init__(AbiStatus.DENIED, message)
+        self.action = action
+        self.detail = detail
 
 
 class PermanentError(Exception):

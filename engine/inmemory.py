@@ -18,8 +18,15 @@ from typing import Any
 
 from engine import lifecycle
 from engine.cron import cron_error, timezone_error
-from engine.errors import FenceLost, Refused, StorageError
+from engine.errors import Denied, FenceLost, Refused, StorageError
 from engine.events import AdminActionEvent, EncodedEvent, Event, decode, encode
+from engine.policies import (
+    Quota,
+    Quotas,
+    external_signal_refusal,
+    guest_signal_refusal,
+    quota_refusal,
+)
 from engine.session import SegmentResult, Suspended
 from engine.status import TERMINAL_STATUSES, AbiStatus, RunStatus
 from engine.storage import (
@@ -129,7 +136,12 @@ class InMemoryStorage:
         self.declared: dict[tuple[str, int], DeployedVersion] = {}
         # (name, tag) -> version ("stable", "canary")
         self.tags: dict[tuple[str, str], int] = {}
-        self.schedule_quota = 100
+        # Policies (engine/policies.py), as CLEAT_REQUIRE_SIGNAL_AUTH and CLEAT_MAX_* set them.
+        self.require_signal_auth = False
+        # What a policy refused, as the database store's audit rows: action, run, reason.
+        self.audit: list[dict[str, Any]] = []
+        # 0: unlimited; the schedules default is CLEAT_MAX_SCHEDULES_PER_TENANT's.
+        self.quotas = Quotas(schedules=100)
         self._ids = itertools.count(1)
 
     # --- run lifecycle (the worker's side) ---
@@ -440,6 +452,27 @@ class InMemoryStorage:
             self._wake(run.run_id)
             return signal.signal_id
 
+    def deliver_external_signal(
+        self, target_id: str, name: str, payload: str, *, permitted: bool, caller: str = "test"
+    ) -> str:
+        """A signal from outside the workflows (an API client, an operator), held to signal
+        authorization's permission (:func:`engine.policies.external_signal_refusal`)."""
+        with self._lock:
+            refusal = external_signal_refusal(
+                require_auth=self.require_signal_auth, permitted=permitted, who=caller
+            )
+            if refusal is not None:
+                self.audit.append(
+                    {
+                        "action": "signal_denied",
+                        "run_id": target_id,
+                        "reason": refusal,
+                        "signal": name,
+                    }
+                )
+                raise Refused(AbiStatus.DENIED, refusal)
+            return self.deliver_signal(target_id, name, payload)
+
     def _target(self, target_id: str) -> RunRecord | None:
         run = self.runs.get(target_id)
         if run is None:
@@ -504,7 +537,18 @@ class InMemoryStorage:
     ) -> Any:
         with self._lock:
             owner = self._fenced(run)
-            result = self._mutate(run, mutation)
+            try:
+                result = self._mutate(run, mutation)
+            except Denied as denied:
+                self.audit.append(
+                    {
+                        "action": denied.action,
+                        "run_id": run.run_id,
+                        "reason": denied.message,
+                        **denied.detail,
+                    }
+                )
+                raise
             self._append(owner, [*pending, record(result)])
             return result
 
@@ -555,6 +599,17 @@ class InMemoryStorage:
                     self.create_run(m.name, version, m.input, run_id=m.run_id)
                 return m.run_id
             case SendSignal():
+                target = self._target(m.target_id)
+                if target is not None:
+                    declared = self.deployed(target.definition, target.version)
+                    refusal = guest_signal_refusal(
+                        require_auth=self.require_signal_auth,
+                        allowed_callers=declared.allowed_signal_callers if declared else (),
+                        caller=self.runs[ref.run_id].definition,
+                        target=target.definition,
+                    )
+                    if refusal is not None:
+                        raise Denied(refusal, "signal_denied", target=target.run_id, signal=m.name)
                 self.deliver_signal(m.target_id, m.name, m.payload, m.correlation_id)
                 return None
             case CreatePromise():
@@ -573,11 +628,9 @@ class InMemoryStorage:
                     raise Refused(
                         AbiStatus.NOT_FOUND, f"no workflow definition named {m.workflow_name!r}"
                     )
-                if len(self.schedules) >= self.schedule_quota:
-                    raise Refused(
-                        AbiStatus.DENIED,
-                        f"the tenant's quota of {self.schedule_quota} schedules is reached",
-                    )
+                refusal = quota_refusal(self.quotas, Quota.SCHEDULES, len(self.schedules))
+                if refusal is not None:
+                    raise Refused(AbiStatus.DENIED, refusal)
                 self.schedules[m.schedule_id] = {
                     "id": m.schedule_id,
                     "workflow_name": m.workflow_name,

@@ -28,7 +28,7 @@ worker relies on.
 from __future__ import annotations
 
 import json
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -96,9 +96,11 @@ class WorkflowEnvironment:
         plugins: Mapping[str, Any] | None = None,
         fetch_allow: tuple[str, ...] = (),
         resolvers: Mapping[str, Any] | None = None,
+        require_signal_auth: bool = False,
     ) -> None:
         self.clock = VirtualClock(start_ms)
         self.storage = InMemoryStorage(self.clock.now)
+        self.storage.require_signal_auth = require_signal_auth
         self.runtime = runtime or (WasmRuntime(config) if config else shared_runtime())
         self.services = Services.from_settings(
             services, plugins=plugins, fetch_allow=fetch_allow, resolvers=resolvers
@@ -124,6 +126,7 @@ class WorkflowEnvironment:
         retry: RetryPolicy | None = None,
         child_binding: str = "",
         child_versions: Mapping[str, int] | None = None,
+        allowed_signal_callers: Sequence[str] = (),
     ) -> int:
         """Deploy a module (bytes of a core module or a component) and return its version.
 
@@ -132,7 +135,8 @@ class WorkflowEnvironment:
         the engine's default), ``retry`` the policy a retryable failure is retried with
         before the run is dead-lettered (the database's defaults when not given),
         ``child_binding`` and ``child_versions`` how its children get their versions
-        (:class:`engine.versions.ChildBinding`)."""
+        (:class:`engine.versions.ChildBinding`), ``allowed_signal_callers`` the workflows
+        that may signal its runs when signal authorization is on."""
         if min_version < 0:
             raise EngineError("min_version must not be negative")
         pins = dict(child_versions or {})
@@ -156,6 +160,7 @@ class WorkflowEnvironment:
             entry_points=tuple(module.info.entry_points),
             child_binding=child_binding,
             child_versions=pins,
+            allowed_signal_callers=tuple(allowed_signal_callers),
         )
         self.storage.policies[(name, version)] = RunPolicy(retry=policy)
         versions[version] = False
@@ -250,8 +255,13 @@ class WorkflowEnvironment:
 
     # --- talking to runs ---
 
-    def signal(self, run_id: str, name: str, payload: Any = None) -> None:
-        self.storage.deliver_signal(run_id, name, "null" if payload is None else dumps(payload))
+    def signal(
+        self, run_id: str, name: str, payload: Any = None, *, permitted: bool = True
+    ) -> None:
+        """A signal from outside, by a caller with (``permitted``) or without the permission
+        signal authorization asks for (refused: ``Refused`` with ``DENIED``)."""
+        text = "null" if payload is None else dumps(payload)
+        self.storage.deliver_external_signal(run_id, name, text, permitted=permitted)
 
     def cancel(self, run_id: str, reason: str = "cancelled by test") -> None:
         self.storage.cancel(run_id, reason)

@@ -84,6 +84,8 @@ class DeployedVersion:
     entry_points: tuple[str, ...] = ()
     child_binding: str = ""
     child_versions: Mapping[str, int] = field(default_factory=dict)
+    # Who may signal this version's runs under signal authorization (engine/policies.py).
+    allowed_signal_callers: tuple[str, ...] = ()
 
 
 def choose_version(

@@ -24,6 +24,7 @@ from typing import Any
 from django.db.models import Count, Max, Q, QuerySet
 
 from engine.errors import InvalidModule
+from engine.policies import check_callers
 from engine.versions import NoSuchVersion, binding_problem, choose_version
 from workflows.models import (
     ACTIVE_STATUSES,
@@ -57,10 +58,13 @@ def deploy_definition(
     retry_max_attempts: int | None = None,
     child_binding: str = "",
     child_versions: dict[str, int] | None = None,
+    allowed_signal_callers: list[str] | None = None,
 ) -> WorkflowDefinition:
     """Validate ``wasm`` with wasmtime (refused with its reason) and store it as the next
     version of ``name`` (or as ``version``). ``child_binding`` and ``child_versions``: how
-    this version's children get their versions (:class:`engine.versions.ChildBinding`)."""
+    this version's children get their versions (:class:`engine.versions.ChildBinding`);
+    ``allowed_signal_callers`` the workflows whose runs may signal its runs while signal
+    authorization is on (:mod:`engine.policies`)."""
     from workflows.executor import get_runtime
 
     check_name(name, "name")
@@ -68,6 +72,10 @@ def deploy_definition(
     binding = binding_problem(child_binding, child_versions)
     if binding is not None:
         raise InvalidInput(binding[1], binding[0])
+    callers = [] if allowed_signal_callers is None else allowed_signal_callers
+    problem = check_callers(callers)
+    if problem is not None:
+        raise InvalidInput(problem, "allowed_signal_callers")
     if not wasm:
         raise InvalidInput("the module is empty", "wasm")
     try:
@@ -100,6 +108,7 @@ def deploy_definition(
             max_history_length=max_history_length,
             child_binding=child_binding,
             child_versions=child_versions,
+            allowed_signal_callers=callers,
             **fields,
         )
 

@@ -92,8 +92,28 @@ class Tenant(models.Model):
 
     id = models.UUIDField(primary_key=True, default=uuid.uuid4, editable=False)
     name = models.CharField(max_length=128, unique=True, validators=[name_validator])
+    # Quota overrides (engine/policies.py): empty takes the CLEAT_MAX_* setting; 0 is
+    # unlimited.
     schedule_quota = models.PositiveIntegerField(
-        default=100, help_text="Most schedules this tenant may hold (workflows and API alike)."
+        null=True,
+        blank=True,
+        verbose_name="schedules quota",
+        help_text="Most schedules this tenant may hold, workflows and API alike "
+        "(empty: CLEAT_MAX_SCHEDULES_PER_TENANT; 0: unlimited).",
+    )
+    max_children_per_run = models.PositiveIntegerField(
+        null=True,
+        blank=True,
+        verbose_name="children quota",
+        help_text="Most child runs one run may start (empty: CLEAT_MAX_CHILDREN_PER_RUN; "
+        "0: unlimited).",
+    )
+    max_locks_per_run = models.PositiveIntegerField(
+        null=True,
+        blank=True,
+        verbose_name="locks quota",
+        help_text="Most locks and concurrency keys one run may hold at once (empty: "
+        "CLEAT_MAX_LOCKS_PER_RUN; 0: unlimited).",
     )
     is_active = models.BooleanField(
         default=True,
@@ -146,6 +166,10 @@ class ApiKey(TenantScoped):
     created_at = models.DateTimeField(default=timezone.now)
     last_used_at = models.DateTimeField(null=True, blank=True)
     revoked_at = models.DateTimeField(null=True, blank=True)
+    may_signal = models.BooleanField(
+        default=False,
+        help_text="May signal runs while signal authorization (CLEAT_REQUIRE_SIGNAL_AUTH) is on.",
+    )
 
     class Meta:
         verbose_name = "API key"
@@ -209,6 +233,12 @@ class WorkflowDefinition(TenantScoped):
         blank=True,
         help_text='With child_binding frozen: {"child name": version} pinned at deploy.',
     )
+    allowed_signal_callers = models.JSONField(
+        default=list,
+        blank=True,
+        help_text="With CLEAT_REQUIRE_SIGNAL_AUTH on: the workflows whose runs may signal "
+        "this version's runs (empty: none may).",
+    )
     created_at = models.DateTimeField(default=timezone.now)
 
     class Meta:
@@ -233,6 +263,7 @@ class WorkflowDefinition(TenantScoped):
             entry_points=tuple(self.entry_points or ()),
             child_binding=self.child_binding,
             child_versions=dict(self.child_versions or {}),
+            allowed_signal_callers=tuple(self.allowed_signal_callers or ()),
         )
 
     @property
@@ -349,6 +380,9 @@ class WorkflowInstance(TenantScoped):
             ),
         ]
         ordering = ["-created_at"]
+        permissions = [
+            ("signal_workflowinstance", "Can signal runs while signal authorization is on")
+        ]
 
     def __str__(self) -> str:
         return f"{self.definition_name} {self.id}"

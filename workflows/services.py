@@ -22,6 +22,7 @@ from django.utils import timezone
 from engine import lifecycle
 from engine.errors import ErrorCode
 from engine.events import AdminActionEvent, encode
+from engine.policies import external_signal_refusal
 from engine.storable import json_text_fault
 from engine.versions import move_refusal
 from workflows.models import (
@@ -39,6 +40,7 @@ from workflows.models import (
     WorkflowInstance,
     name_validator,
 )
+from workflows.policies import require_signal_auth
 from workflows.store import wake
 from workflows.store.lifecycle import close_instance, forget_failed_call, terminate_instance
 from workflows.tenancy import tenant_context
@@ -70,6 +72,38 @@ class Conflict(ServiceError):
     """A stale generation, or a transition the run's status does not allow."""
 
     code = "conflict"
+    http_status = 409
+
+
+class Forbidden(ServiceError):
+    """A policy refuses the caller (signal authorization). ``audit`` is the refusal's audit
+    row, which the caller keeps with :func:`keep_refusal_audit` once the refused request's
+    transaction has rolled back (the API and the console do)."""
+
+    code = "denied"
+    http_status = 403
+
+    def __init__(
+        self, message: str, field: str | None = None, audit: dict[str, Any] | None = None
+    ) -> None:
+        super().__init__(message, field)
+        self.audit = audit
+
+
+def keep_refusal_audit(tenant: Tenant, exc: Exception) -> None:
+    """Write the audit row a refusal carries, in a transaction of its own (call it after
+    the refused request's transaction rolled back)."""
+    audit = getattr(exc, "audit", None)
+    if not audit:
+        return
+    with tenant_context(tenant.id):
+        AuditLog.objects.create(tenant=tenant, **audit)
+
+
+class QuotaExceeded(ServiceError):
+    """One more would break a quota (engine/policies.py); the message names it."""
+
+    code = "quota_exceeded"
     http_status = 409
 
 
@@ -257,11 +291,33 @@ def signal_workflow(
     *,
     operator: str | None = None,
     reason: str = "",
+    permitted: bool = True,
+    caller: str = "",
 ) -> Signal:
-    """Deliver a signal. Sent by an operator (``operator`` given), it is also audited."""
+    """Deliver a signal. Sent by an operator (``operator`` given), it is also audited.
+
+    With signal authorization on (``CLEAT_REQUIRE_SIGNAL_AUTH``) the sender -- ``caller``,
+    an API key or a console user -- needs the permission to signal (``permitted``: the
+    key's ``may_signal``, the user's ``workflows.signal_workflowinstance``); the command
+    line, which holds the database's credentials, is always permitted. A refusal is
+    Forbidden (403) carrying its audit row (:func:`keep_refusal_audit`)."""
     if not name or len(name) > 256:
         raise InvalidInput("signal name must be 1-256 characters", "name")
     text = json_text(payload, "payload")
+    refusal = external_signal_refusal(
+        require_auth=require_signal_auth(), permitted=permitted, who=caller or "the caller"
+    )
+    if refusal is not None:
+        with tenant_context(tenant.id):
+            instance = get_instance(tenant, run_id)
+        audit = {
+            "instance_id": instance.id,
+            "action": "signal_denied",
+            "operator": caller or "api",
+            "reason": refusal,
+            "detail": {"signal": name},
+        }
+        raise Forbidden(refusal, "name", audit=audit)
     with tenant_context(tenant.id):
         instance = get_instance(tenant, run_id, lock=True)
         if instance.is_terminal:

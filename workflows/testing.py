@@ -8,7 +8,7 @@ store, the claim, the fenced finalize and the wake-ups, on SQLite, PostgreSQL or
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from datetime import datetime, timedelta
 from typing import Any
 
@@ -100,6 +100,7 @@ class DatabaseWorkflowEnvironment:
         retry: RetryPolicy | None = None,
         child_binding: str = "",
         child_versions: Mapping[str, int] | None = None,
+        allowed_signal_callers: Sequence[str] = (),
     ) -> int:
         """As :meth:`engine.testing.WorkflowEnvironment.deploy`: the declared minimum
         version, the history cap, the retry policy and the child binding are the
@@ -113,6 +114,7 @@ class DatabaseWorkflowEnvironment:
             max_history_length=max_history_length,
             child_binding=child_binding,
             child_versions=dict(child_versions or {}),
+            allowed_signal_callers=list(allowed_signal_callers),
         )
         if retry is not None:
             with tenant_context(self.tenant.id):
@@ -173,8 +175,18 @@ class DatabaseWorkflowEnvironment:
 
     # --- talking to runs ----------------------------------------------------------------------
 
-    def signal(self, run_id: str, name: str, payload: Any = None) -> None:
-        svc.signal_workflow(self.tenant, run_id, name, payload)
+    def signal(
+        self, run_id: str, name: str, payload: Any = None, *, permitted: bool = True
+    ) -> None:
+        """A signal from outside, by a caller with (``permitted``) or without the permission
+        signal authorization asks for."""
+        try:
+            svc.signal_workflow(
+                self.tenant, run_id, name, payload, permitted=permitted, caller="test"
+            )
+        except svc.Forbidden as exc:
+            svc.keep_refusal_audit(self.tenant, exc)
+            raise
 
     def cancel(self, run_id: str, reason: str = "cancelled by test") -> None:
         svc.cancel_workflow(self.tenant, run_id, reason)

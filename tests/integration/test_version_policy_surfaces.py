@@ -16,7 +16,7 @@ from django.core.management import CommandError, call_command
 from django.test import Client
 
 from tests.integration.test_api_support import Api, error_of, key_for, signal_waiter
-from workflows.models import AuditLog, Role, Tenant, WorkflowDefinition
+from workflows.models import ApiKey, AuditLog, Role, Signal, Tenant, WorkflowDefinition
 from workflows.tenancy import tenant_context
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -156,3 +156,60 @@ def test_the_api_moves_a_run_to_another_version(tenant: Tenant, admin_api: Api) 
     assert (entry.reason, entry.detail) == ("fixed in v2", {"from_version": 1, "to_version": 2})
     bad = admin_api.post(url, {"version": 0})
     assert bad.status_code == 400 and error_of(bad)["field"] == "version"
+
+
+# --- signal authorization ---------------------------------------------------------------------
+
+
+def test_deploy_surfaces_set_the_allowed_signal_callers(
+    tenant: Tenant, admin_api: Api, module: Path, op: Client
+) -> None:
+    call_command(
+        "deploy_workflow", "target", str(module), "--signal-caller", "billing",
+        "--signal-caller", "audit", stdout=io.StringIO(),
+    )  # fmt: skip
+    assert definition(tenant, "target", 1).allowed_signal_callers == ["billing", "audit"]
+    made = admin_api.deploy("target", signal_waiter(), allowed_signal_callers=quote('["billing"]'))
+    assert made.status_code == 201 and made.json()["allowed_signal_callers"] == ["billing"]
+    refused = admin_api.deploy("target", signal_waiter(), allowed_signal_callers=quote('"x"'))
+    assert refused.status_code == 400 and error_of(refused) == {
+        "code": "invalid",
+        "field": "allowed_signal_callers",
+        "message": "allowed_signal_callers must be a list of workflow names",
+    }
+    response = op.post(
+        "/admin/workflows/workflowdefinition/add/",
+        {
+            "name": "target",
+            "allowed_signal_callers": "billing, shipping",
+            "wasm": SimpleUploadedFile("t.wasm", bytes(signal_waiter())),
+        },
+    )
+    assert response.status_code == 302
+    assert definition(tenant, "target", 3).allowed_signal_callers == ["billing", "shipping"]
+
+
+def test_the_api_refuses_a_signal_without_the_permission_with_403_and_an_audit_row(
+    tenant: Tenant, admin_api: Api, settings: Any
+) -> None:
+    settings.CLEAT_REQUIRE_SIGNAL_AUTH = True
+    assert admin_api.deploy("waiter", signal_waiter()).status_code == 201
+    run = admin_api.start("waiter").json()
+    refused = admin_api.post(f"/api/v1/workflows/{run['id']}/signal", {"name": "go"})
+    assert refused.status_code == 403
+    assert error_of(refused) == {
+        "code": "denied",
+        "field": "name",
+        "message": "signal authorization: api-key:test has no permission to signal runs",
+    }
+    with tenant_context(tenant.id):
+        entry = AuditLog.objects.get(action="signal_denied")
+        assert not Signal.objects.filter(instance_id=run["id"]).exists()
+    assert (str(entry.instance_id), entry.operator) == (run["id"], "api-key:test")
+    with tenant_context(tenant.id):
+        ApiKey.objects.filter(tenant_id=tenant.id).update(may_signal=True)
+    sent = admin_api.post(f"/api/v1/workflows/{run['id']}/signal", {"name": "go"})
+    assert sent.status_code == 202, sent.content
+    settings.CLEAT_REQUIRE_SIGNAL_AUTH = False
+    other = Api(key_for(tenant, Role.OPERATOR, "no-permission"))
+    assert other.post(f"/api/v1/workflows/{run['id']}/signal", {"name": "go"}).status_code == 202

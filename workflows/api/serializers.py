@@ -183,6 +183,7 @@ class DefinitionSerializer(serializers.ModelSerializer):
             "deprecated",
             "child_binding",
             "child_versions",
+            "allowed_signal_callers",
             "active_runs",
             "created_at",
         ]
@@ -210,6 +211,12 @@ class DeployOptionsSerializer(KnownFieldsOnly):
         required=False,
         binary=True,
         help_text='With child_binding frozen: {"child name": version}, as a JSON object.',
+    )
+    allowed_signal_callers = serializers.JSONField(
+        required=False,
+        binary=True,
+        help_text="With CLEAT_REQUIRE_SIGNAL_AUTH on: the workflows whose runs may signal "
+        'this version\'s runs, as a JSON array (["billing"]); none given: no workflow may.',
     )
 
 

@@ -50,6 +50,7 @@ from workflows.api.parsers import (
 from workflows.api.permissions import HasRole
 from workflows.models import (
     ACTIVE_STATUSES,
+    ApiKey,
     Promise,
     Role,
     RoutingRule,
@@ -166,8 +167,11 @@ class TenantViewSet(viewsets.GenericViewSet):
             self._tenant_scope.enter_context(tenant_context(self.tenant.id))
 
     def handle_exception(self, exc: Exception) -> Any:
-        # Leave the tenant context with the error, so that its transaction rolls back.
+        # Leave the tenant context with the error, so that its transaction rolls back; a
+        # policy's refusal keeps its audit row, written after the rollback.
         self._tenant_scope.__exit__(type(exc), exc, exc.__traceback__)
+        if isinstance(exc, services.Forbidden):
+            services.keep_refusal_audit(self.tenant, exc)
         return super().handle_exception(exc)
 
     def body_limit(self) -> int:
@@ -269,6 +273,9 @@ class DefinitionViewSet(TenantViewSet):
             OpenApiParameter("retry_max_attempts", int, description="Raw body only."),
             OpenApiParameter("child_binding", str, description="Raw body only."),
             OpenApiParameter("child_versions", str, description="Raw body only: a JSON object."),
+            OpenApiParameter(
+                "allowed_signal_callers", str, description="Raw body only: a JSON array."
+            ),
         ],
         responses={201: s.DefinitionSerializer},
     )
@@ -696,9 +703,27 @@ class WorkflowViewSet(TenantViewSet):
     def signal(self, request: Request, run_id: str) -> Response:
         body = self.validated(s.SignalRequestSerializer)
         sent = services.signal_workflow(
-            self.tenant, run_id, body["name"], s.json_text(body["payload"])
+            self.tenant,
+            run_id,
+            body["name"],
+            s.json_text(body["payload"]),
+            permitted=self._may_signal(),
+            caller=self.operator,
         )
         return Response(s.SignalSerializer(sent).data, status=status.HTTP_202_ACCEPTED)
+
+    def _may_signal(self) -> bool:
+        """The caller's permission to signal under signal authorization: an API key's
+        ``may_signal``; a console user's ``workflows.signal_workflowinstance``."""
+        key_id = self.identity.key_id
+        if key_id is None:
+            return bool(self.request.user.has_perm("workflows.signal_workflowinstance"))
+        return bool(
+            of_tenant(ApiKey, self.tenant)
+            .filter(id=key_id)
+            .values_list("may_signal", flat=True)
+            .first()
+        )
 
     def _reason(self) -> str:
         return str(self.validated(s.ReasonSerializer)["reason"])

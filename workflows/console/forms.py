@@ -49,6 +49,11 @@ class DeployForm(forms.Form):
         required=False,
         help_text="With child binding frozen: the pinned versions, e.g. payment=3, email=1.",
     )
+    allowed_signal_callers = forms.CharField(
+        required=False,
+        help_text="With signal authorization on: the workflows whose runs may signal this "
+        "version's runs, comma-separated (empty: none may).",
+    )
 
     def clean_wasm(self) -> Any:
         upload = self.cleaned_data["wasm"]

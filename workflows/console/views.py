@@ -325,9 +325,23 @@ def action_page(request: HttpRequest, object_id: str, name: str) -> HttpResponse
     _report(
         request,
         action,
-        perform(action, tenant_of(request), targets, form.cleaned_data, operator_of(request)),
+        perform(
+            action,
+            tenant_of(request),
+            targets,
+            _with_permissions(request, form),
+            operator_of(request),
+        ),
     )
     return HttpResponseRedirect(instance_url(found.id))
+
+
+def _with_permissions(request: HttpRequest, form: Any) -> dict[str, Any]:
+    """The form's data and the permissions a policy asks about (signal authorization)."""
+    return {
+        **form.cleaned_data,
+        "may_signal": request.user.has_perm("workflows.signal_workflowinstance"),
+    }
 
 
 def bulk_action(
@@ -368,7 +382,7 @@ def bulk_action(
             action,
             tenant_of(request),
             [t for t in targets if t.run_id in allowed],
-            form.cleaned_data,
+            _with_permissions(request, form),
             operator_of(request),
         ),
     )
@@ -574,6 +588,11 @@ def deploy_page(request: HttpRequest) -> HttpResponse:
                 retry_max_attempts=data.get("retry_max_attempts"),
                 child_binding=data.get("child_binding") or "",
                 child_versions=defs.parse_child_versions(data.get("child_versions") or ""),
+                allowed_signal_callers=[
+                    c.strip()
+                    for c in (data.get("allowed_signal_callers") or "").split(",")
+                    if c.strip()
+                ],
             )
         except svc.ServiceError as exc:
             form.add_error(exc.field if exc.field in form.fields else None, exc.message)

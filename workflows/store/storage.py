@@ -20,8 +20,9 @@ from django.db import IntegrityError, connection, transaction
 from django.db.models import QuerySet
 from django.utils import timezone
 
-from engine.errors import FenceLost, Refused, StorageError
+from engine.errors import Denied, FenceLost, Refused, StorageError
 from engine.events import EncodedEvent, Event, encode
+from engine.policies import guest_signal_refusal
 from engine.status import AbiStatus
 from engine.storage import (
     AcquireLock,
@@ -57,6 +58,7 @@ from workflows.models import (
     PRIORITY_MAX,
     PRIORITY_MIN,
     TERMINAL_STATUSES,
+    AuditLog,
     ConcurrencyKey,
     Invocation,
     Promise,
@@ -72,6 +74,7 @@ from workflows.models import (
 from workflows.models import (
     UpdateRequest as UpdateRequestRow,
 )
+from workflows.policies import require_signal_auth
 from workflows.store import crons, wake
 from workflows.store.sql import queries
 from workflows.tenancy import tenant_context
@@ -270,14 +273,27 @@ class DjangoStorage:
         pending: Sequence[Event],
         record: Callable[[Any], Event],
     ) -> Any:
-        with tenant_context(self.tenant_id):
-            count = lock_fenced(run)
-            now = self.now()
-            # A refusal must leave nothing behind: run the mutation in a savepoint.
-            with transaction.atomic():
-                result = self._mutate(run, mutation, now)
-            append_locked(run, count, [*pending, record(result)], now)
-            return result
+        try:
+            with tenant_context(self.tenant_id):
+                count = lock_fenced(run)
+                now = self.now()
+                # A refusal must leave nothing behind: run the mutation in a savepoint.
+                with transaction.atomic():
+                    result = self._mutate(run, mutation, now)
+                append_locked(run, count, [*pending, record(result)], now)
+                return result
+        except Denied as denied:
+            # The refused change rolled back; its audit row is kept, in its own transaction.
+            with tenant_context(self.tenant_id):
+                AuditLog.objects.create(
+                    tenant_id=self.tenant_id,
+                    instance_id=run.run_id,
+                    action=denied.action,
+                    operator=f"run:{run.run_id}",
+                    reason=denied.message,
+                    detail=denied.detail,
+                )
+            raise
 
     def _mutate(self, ref: RunRef, m: Mutation, now: datetime) -> Any:
         tenant = self.tenant_id
@@ -361,6 +377,21 @@ class DjangoStorage:
                     raise Refused(
                         AbiStatus.DENIED, f"{m.target_id} does not accept signal {m.name!r}"
                     )
+                caller = (
+                    WorkflowInstance.objects.filter(id=ref.run_id)
+                    .values_list("definition_name", flat=True)
+                    .first()
+                ) or ""
+                refusal = guest_signal_refusal(
+                    require_auth=require_signal_auth(),
+                    allowed_callers=WorkflowDefinition.objects.filter(id=target.definition_id)
+                    .values_list("allowed_signal_callers", flat=True)
+                    .first(),
+                    caller=caller,
+                    target=target.definition_name,
+                )
+                if refusal is not None:
+                    raise Denied(refusal, "signal_denied", target=str(target.id), signal=m.name)
                 Signal.objects.create(
                     tenant_id=tenant,
                     instance_id=target.id,

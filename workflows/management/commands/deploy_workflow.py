@@ -45,6 +45,14 @@ class Command(VersionOptionMixin, BaseCommand):
             metavar="NAME=VERSION",
             help="with --child-binding frozen: pin a child workflow's version (repeatable)",
         )
+        parser.add_argument(
+            "--signal-caller",
+            action="append",
+            default=[],
+            metavar="WORKFLOW",
+            help="a workflow whose runs may signal this version's runs while "
+            "CLEAT_REQUIRE_SIGNAL_AUTH is on (repeatable; none: no workflow may)",
+        )
         add_tenant_argument(parser)
 
     def handle(self, *args: Any, **options: Any) -> None:
@@ -79,6 +87,7 @@ class Command(VersionOptionMixin, BaseCommand):
                 max_history_length=options["max_history"],
                 child_binding=options["child_binding"],
                 child_versions=pins,
+                allowed_signal_callers=options["signal_caller"],
             )
         except ServiceError as exc:
             raise fail(exc) from None

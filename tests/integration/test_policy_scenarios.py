@@ -1,0 +1,152 @@
+"""The policy rules (``engine/policies.py``) through both stores: signal authorization
+(the reference's ``WithRequireSignalAuth`` / ``GetAllowedSignalCallers``) and the quotas
+(``WithMaxQuota*``), each scenario unchanged on the in-memory environment and the database
+one (SQLite, or PostgreSQL / MariaDB with ``CLEAT_TEST_DB``)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import pytest
+
+from tests.fixtures.wat import Wat
+from tests.integration.support.environments import MemoryEnvironment, database_environment
+
+MakeEnv = Callable[..., Any]
+
+
+@pytest.fixture(
+    params=[
+        "memory",
+        pytest.param("database", marks=pytest.mark.django_db(transaction=True)),
+    ]
+)
+def make_env(request: pytest.FixtureRequest) -> Iterator[MakeEnv]:
+    made: list[Any] = []
+
+    def make(*, signal_auth: bool = False, **quotas: int) -> Any:
+        if request.param == "memory":
+            env: Any = MemoryEnvironment()
+            env.storage.require_signal_auth = signal_auth
+            env.storage.quotas = env.storage.quotas.overridden(quotas)
+            return env
+        settings = request.getfixturevalue("settings")
+        settings.CLEAT_REQUIRE_SIGNAL_AUTH = signal_auth
+        names = {"children": "CHILDREN_PER_RUN", "locks": "LOCKS_PER_RUN"}
+        names["schedules"] = "SCHEDULES_PER_TENANT"
+        for quota, value in quotas.items():
+            setattr(settings, f"CLEAT_MAX_{names[quota]}", value)
+        env = database_environment(request.getfixturevalue("tenant"), None)
+        made.append(env)
+        return env
+
+    yield make
+    for env in made:
+        env.close()
+
+
+def audit_reasons(env: Any) -> list[str]:
+    """The reasons of the refusals kept in the audit (the memory store's list, the
+    database's AuditLog rows)."""
+    if env.kind == "memory":
+        return [entry["reason"] for entry in env.storage.audit]
+    from workflows.models import AuditLog
+    from workflows.tenancy import tenant_context
+
+    with tenant_context(env.tenant.id):
+        return list(
+            AuditLog.objects.filter(tenant_id=env.tenant.id, action="signal_denied")
+            .order_by("id")
+            .values_list("reason", flat=True)
+        )
+
+
+# --- signal authorization -------------------------------------------------------------------------
+
+
+def waiter() -> bytes:
+    w = Wat()
+    w.run(
+        f"""
+    (call $rec (call $durable_await_signals {w.js(["go"])} (i64.const -1)))
+    (call $finish)"""
+    )
+    return w.wasm()
+
+
+def signaller() -> bytes:
+    """Signals the run whose id is its input (a JSON string), records the outcome."""
+    w = Wat()
+    w.run(
+        f"""
+    (call $rec (call $signal_workflow {w.input_string()} {w.s("go")} {w.js({"from": "x"})}))
+    (call $finish)"""
+    )
+    return w.wasm()
+
+
+def signal_from(env: Any, sender: str, target_run: str) -> list[Any]:
+    run = env.run(sender, f'"{target_run}"')
+    return env.result(run)  # type: ignore[no-any-return]
+
+
+@pytest.mark.parametrize("auth", [False, True], ids=["auth-off", "auth-on"])
+def test_an_empty_allow_list_means_anyone_with_auth_off_and_nobody_with_it_on(
+    make_env: MakeEnv, auth: bool
+) -> None:
+    env = make_env(signal_auth=auth)
+    env.deploy("target", waiter())  # declares no callers
+    env.deploy("sender", signaller())
+    target = env.run("target")
+    outcome = signal_from(env, "sender", target)
+    if not auth:
+        assert outcome == [[0, ""]]
+        env.run_until_idle()
+        assert env.describe(target)["status"] == "done"
+        assert audit_reasons(env) == []
+        return
+    message = (
+        "signal authorization: workflow 'sender' may not signal runs of 'target' "
+        "(allowed callers: none)"
+    )
+    assert outcome == [[8, ""]]  # DENIED (signal_workflow answers a status only)
+    assert env.describe(target)["status"] == "ready"  # nothing delivered
+    assert audit_reasons(env) == [message]
+
+
+def test_with_auth_on_the_declared_callers_may_signal(make_env: MakeEnv) -> None:
+    env = make_env(signal_auth=True)
+    env.deploy("target", waiter(), allowed_signal_callers=["sender"])
+    env.deploy("sender", signaller())
+    env.deploy("stranger", signaller())
+    target = env.run("target")
+    assert signal_from(env, "stranger", target) == [[8, ""]]
+    assert audit_reasons(env) == [
+        "signal authorization: workflow 'stranger' may not signal runs of 'target' "
+        "(allowed callers: sender)"
+    ]
+    assert signal_from(env, "sender", target) == [[0, ""]]
+    env.run_until_idle()
+    assert env.result(target) == [[0, '{"name":"go","payload":{"from":"x"}}']]
+
+
+def test_external_signals_need_the_permission_when_auth_is_on(make_env: MakeEnv) -> None:
+    env = make_env(signal_auth=True)
+    env.deploy("target", waiter())
+    target = env.run("target")
+    with pytest.raises(Exception, match="signal authorization: test has no permission"):
+        env.signal(target, "go", permitted=False)
+    assert audit_reasons(env) == ["signal authorization: test has no permission to signal runs"]
+    env.signal(target, "go", permitted=True)
+    env.run_until_idle()
+    assert env.describe(target)["status"] == "done"
+
+
+def test_external_signals_need_no_permission_when_auth_is_off(make_env: MakeEnv) -> None:
+    env = make_env(signal_auth=False)
+    env.deploy("target", waiter())
+    target = env.run("target")
+    env.signal(target, "go", permitted=False)
+    env.run_until_idle()
+    assert env.describe(target)["status"] == "done"
