@@ -104,6 +104,11 @@ class GuestFault(WorkflowExit):
         self.fault = fault
 
 
+class QuotaExceeded(WorkflowExit):
+    """A host call that answers a plain number (``acquire_lock``) went over a quota: the
+    run fails with ``denied`` and the quota's message (there is no status to answer)."""
+
+
 class NondeterminismError(WorkflowExit):
     """Replay asked a different question than the history recorded at this step."""
 

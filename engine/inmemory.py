@@ -573,6 +573,16 @@ class InMemoryStorage:
                 held = self.locks.get(m.key)
                 if held and held[0] != m.holder and (held[1] is None or held[1] > m.now_ms):
                     return False
+                holding = [
+                    key
+                    for key, (holder, expires) in self.locks.items()
+                    if holder == m.holder
+                    and key != m.key
+                    and (expires is None or expires > m.now_ms)
+                ]
+                refusal = quota_refusal(self.quotas, Quota.LOCKS, len(holding))
+                if refusal is not None:
+                    raise Refused(AbiStatus.DENIED, refusal)
                 self.locks[m.key] = (m.holder, m.now_ms + m.ttl_ms if m.ttl_ms else None)
                 return True
             case ReleaseLock():
@@ -582,6 +592,10 @@ class InMemoryStorage:
             case StartChild():
                 if m.run_id in self.runs:
                     return m.run_id
+                started = sum(1 for r in self.runs.values() if r.parent_run_id == ref.run_id)
+                refusal = quota_refusal(self.quotas, Quota.CHILDREN, started)
+                if refusal is not None:
+                    raise Refused(AbiStatus.DENIED, refusal)
                 version = self._child_version(ref, m)
                 self.create_run(
                     m.name,

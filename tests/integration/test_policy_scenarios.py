@@ -62,7 +62,7 @@ def audit_reasons(env: Any) -> list[str]:
         )
 
 
-# --- signal authorization -------------------------------------------------------------------------
+# --- signal authorization -------------------------------------------------------------------
 
 
 def waiter() -> bytes:
@@ -150,3 +150,96 @@ def test_external_signals_need_no_permission_when_auth_is_off(make_env: MakeEnv)
     env.signal(target, "go", permitted=False)
     env.run_until_idle()
     assert env.describe(target)["status"] == "done"
+
+
+# --- quotas ---------------------------------------------------------------------------------
+
+
+def starts_children(count: int) -> bytes:
+    """Starts ``count`` children (``leaf``), recording each start's outcome status."""
+    w = Wat()
+    starts = "".join(
+        f"(call $recn (i64.extend_i32_u (call $status (call $child_workflow {w.s('leaf')} "
+        f"{w.js(i)}))))"
+        for i in range(count)
+    )
+    w.run(f"{starts} (call $finish)")
+    return w.wasm()
+
+
+def leaf() -> bytes:
+    w = Wat()
+    w.run("(call $finish)")
+    return w.wasm()
+
+
+def test_the_children_quota_denies_the_start_over_it_naming_the_quota(make_env: MakeEnv) -> None:
+    env = make_env(children=2)
+    env.deploy("leaf", leaf())
+    w = Wat()
+    w.run(
+        f"""
+    (drop (call $child_workflow {w.s("leaf")} {w.js(1)}))
+    (drop (call $child_workflow {w.s("leaf")} {w.js(2)}))
+    (call $rec (call $child_workflow {w.s("leaf")} {w.js(3)}))
+    (call $finish)"""
+    )
+    env.deploy("parent", w.wasm())
+    run = env.run("parent")
+    assert env.result(run) == [[8, "quota children exceeded: at most 2 per run"]]
+    assert len(env.children(run)) == 2
+
+
+def test_quota_zero_is_unlimited(make_env: MakeEnv) -> None:
+    env = make_env(children=0, locks=0, schedules=0)
+    env.deploy("leaf", leaf())
+    env.deploy("parent", starts_children(5))
+    run = env.run("parent")
+    assert env.result(run) == [0, 0, 0, 0, 0]
+    env.deploy("locker", takes_locks(["a", "b", "c"]))
+    assert env.result(env.run("locker")) == [1, 1, 1]
+    env.deploy("planner", makes_schedules(3))
+    assert [status for status, _ in env.result(env.run("planner"))] == [0, 0, 0]
+
+
+def takes_locks(keys: list[str]) -> bytes:
+    w = Wat()
+    body = "".join(f"(call $recn (call $acquire_lock {w.s(k)} (i64.const 0)))" for k in keys)
+    w.run(f"{body} (call $finish)")
+    return w.wasm()
+
+
+def test_the_locks_quota_fails_the_run_naming_the_quota(make_env: MakeEnv) -> None:
+    """``acquire_lock`` answers a plain 1 or 0, so a run over the locks quota fails with
+    ``denied`` and the quota's message; re-taking a lock it holds is not one more."""
+    env = make_env(locks=2)
+    env.deploy("locker", takes_locks(["a", "a", "b", "b"]))
+    assert env.result(env.run("locker")) == [1, 1, 1, 1]
+    env.deploy("greedy", takes_locks(["x", "y", "z"]))
+    run = env.run("greedy")
+    info = env.describe(run)
+    assert (info["status"], info["error_code"], info["error"]) == (
+        "failed",
+        "denied",
+        "quota locks exceeded: at most 2 per run",
+    )
+    assert env.locks() == {}  # its end released the two it held
+
+
+def makes_schedules(count: int) -> bytes:
+    w = Wat()
+    body = "".join(
+        f"(call $rec (call $schedule_cron {w.s('leaf')} {w.s('0 * * * *')} {w.s('UTC')} {w.js(i)}))"
+        for i in range(count)
+    )
+    w.run(f"{body} (call $finish)")
+    return w.wasm()
+
+
+def test_the_schedules_quota_denies_the_schedule_over_it(make_env: MakeEnv) -> None:
+    env = make_env(schedules=1)
+    env.deploy("leaf", leaf())
+    env.deploy("planner", makes_schedules(2))
+    [(first, _), second] = env.result(env.run("planner"))
+    assert first == 0
+    assert second == [8, "quota schedules exceeded: at most 1 per tenant"]

@@ -213,3 +213,42 @@ def test_the_api_refuses_a_signal_without_the_permission_with_403_and_an_audit_r
     settings.CLEAT_REQUIRE_SIGNAL_AUTH = False
     other = Api(key_for(tenant, Role.OPERATOR, "no-permission"))
     assert other.post(f"/api/v1/workflows/{run['id']}/signal", {"name": "go"}).status_code == 202
+
+
+# --- quotas: the settings and a tenant's overrides ---------------------------------------------
+
+
+def test_a_tenants_admin_overrides_beat_the_settings(
+    tenant: Tenant, op: Client, settings: Any
+) -> None:
+    from tests.integration.test_policy_scenarios import leaf, starts_children
+    from workflows.testing import DatabaseWorkflowEnvironment
+
+    settings.CLEAT_MAX_CHILDREN_PER_RUN = 0  # unlimited by the setting
+    page = f"/admin/workflows/tenant/{tenant.id}/change/"
+    saved = op.post(
+        page,
+        {"schedule_quota": "", "max_children_per_run": "1", "max_locks_per_run": "0"},
+    )
+    assert saved.status_code == 302, saved.content.decode()[:2000]
+    fresh = Tenant.objects.get(id=tenant.id)
+    assert (fresh.schedule_quota, fresh.max_children_per_run, fresh.max_locks_per_run) == (
+        None,
+        1,
+        0,
+    )
+    env = DatabaseWorkflowEnvironment(fresh)
+    try:
+        env.deploy("leaf", leaf())
+        env.deploy("parent", starts_children(2))
+        assert env.result(env.run("parent")) == [0, 8]
+    finally:
+        env.close()
+
+
+def test_create_tenant_leaves_the_schedule_quota_to_the_setting(transactional_db: Any) -> None:
+    out = io.StringIO()
+    call_command("create_tenant", "acme", stdout=out)
+    assert Tenant.objects.get(name="acme").schedule_quota is None
+    call_command("create_tenant", "capped", "--schedule-quota", "0", stdout=out)
+    assert Tenant.objects.get(name="capped").schedule_quota == 0

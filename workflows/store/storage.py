@@ -17,12 +17,12 @@ from datetime import datetime, timedelta
 from typing import Any
 
 from django.db import IntegrityError, connection, transaction
-from django.db.models import QuerySet
+from django.db.models import Q, QuerySet
 from django.utils import timezone
 
 from engine.errors import Denied, FenceLost, Refused, StorageError
 from engine.events import EncodedEvent, Event, encode
-from engine.policies import guest_signal_refusal
+from engine.policies import Quota, guest_signal_refusal, quota_refusal
 from engine.status import AbiStatus
 from engine.storage import (
     AcquireLock,
@@ -74,7 +74,7 @@ from workflows.models import (
 from workflows.models import (
     UpdateRequest as UpdateRequestRow,
 )
-from workflows.policies import require_signal_auth
+from workflows.policies import quotas_for, require_signal_auth
 from workflows.store import crons, wake
 from workflows.store.sql import queries
 from workflows.tenancy import tenant_context
@@ -337,6 +337,7 @@ class DjangoStorage:
                     .first()
                 )
                 if held is None:
+                    self._check_lock_quota(m, now)
                     try:
                         with transaction.atomic():
                             ConcurrencyKey.objects.create(
@@ -347,6 +348,7 @@ class DjangoStorage:
                     return True
                 if held.holder != m.holder and (held.expires_at is None or held.expires_at > now):
                     return False
+                self._check_lock_quota(m, now)
                 held.holder, held.expires_at, held.acquired_at = m.holder, expires, now
                 held.save(update_fields=["holder", "expires_at", "acquired_at"])
                 return True
@@ -450,6 +452,16 @@ class DjangoStorage:
         if WorkflowInstance.objects.filter(id=run_id).exists():
             return run_id  # the same step started it before a crash
         if parent:
+            refusal = quota_refusal(
+                quotas_for(self.tenant_id),
+                Quota.CHILDREN,
+                WorkflowInstance.objects.filter(
+                    tenant_id=self.tenant_id, parent_id=ref.run_id
+                ).count(),
+            )
+            if refusal is not None:
+                raise Refused(AbiStatus.DENIED, refusal)
+        if parent:
             definition = resolve_child_definition(
                 self.tenant_id, name, version, parent_version, ref.run_id
             )
@@ -474,6 +486,18 @@ class DjangoStorage:
         )
         wake.notify_after_commit()
         return run_id
+
+    def _check_lock_quota(self, m: AcquireLock, now: datetime) -> None:
+        """DENIED when the holder's other live locks fill the locks quota."""
+        holding = (
+            ConcurrencyKey.objects.filter(tenant_id=self.tenant_id, holder=m.holder)
+            .exclude(key=m.key)
+            .filter(Q(expires_at__isnull=True) | Q(expires_at__gt=now))
+            .count()
+        )
+        refusal = quota_refusal(quotas_for(self.tenant_id), Quota.LOCKS, holding)
+        if refusal is not None:
+            raise Refused(AbiStatus.DENIED, refusal)
 
     # --- reads ---------------------------------------------------------------------------------
 
