@@ -232,6 +232,12 @@ CLEAT_FETCH_ALLOW = [e for e in env.list("CLEAT_FETCH_ALLOW", default=[]) if e.s
 CLEAT_FETCH_ALLOW_PRIVATE = env.bool("CLEAT_FETCH_ALLOW_PRIVATE", default=False)
 # {"plugin": "dotted.path"}: host plugins reachable through plugin_call.
 CLEAT_PLUGINS = env.json("CLEAT_PLUGINS", default={})
+# Which tenants (ids) and workflow definitions may call a plugin it names:
+# {"llm": {"tenants": ["*"], "workflows": ["summarise"]}}; a plugin it does not name is open.
+CLEAT_PLUGIN_GUARD = env.json("CLEAT_PLUGIN_GUARD", default={})
+# A plugin function that raises (anything but the permanent error) marks its plugin unhealthy
+# for this long: calls to it answer ERROR meanwhile, without being made.
+CLEAT_PLUGIN_COOLDOWN_SECONDS = env.float("CLEAT_PLUGIN_COOLDOWN_SECONDS", default=60.0)
 # A waiting run re-checks its wait at least this often (recovers a wake lost to a crash).
 CLEAT_WAIT_RECHECK_SECONDS = env.float("CLEAT_WAIT_RECHECK_SECONDS", default=300.0)
 # Fairness between tenants: most runs of one tenant running at once, for a tenant that sets

@@ -42,7 +42,7 @@ from engine.services import CallContext, CallResult, Services
 from engine.session import Completed, ContinuedAsNew, Failed, Outcome, RunInfo, SegmentResult
 from engine.status import RunStatus
 from engine.storage import RunRef
-from engine.versions import DeployedVersion, binding_problem
+from engine.versions import DeployedVersion, NoSuchVersion, binding_problem, resolve_plugins
 
 DEFAULT_START_MS = 1_767_225_600_000  # 2026-01-01T00:00:00Z
 
@@ -97,19 +97,26 @@ class WorkflowEnvironment:
         fetch_allow: tuple[str, ...] = (),
         resolvers: Mapping[str, Any] | None = None,
         require_signal_auth: bool = False,
+        plugin_guard: Mapping[str, Mapping[str, Sequence[str]]] | None = None,
     ) -> None:
         self.clock = VirtualClock(start_ms)
         self.storage = InMemoryStorage(self.clock.now)
         self.storage.require_signal_auth = require_signal_auth
         self.runtime = runtime or (WasmRuntime(config) if config else shared_runtime())
         self.services = Services.from_settings(
-            services, plugins=plugins, fetch_allow=fetch_allow, resolvers=resolvers
+            services,
+            plugins=plugins,
+            fetch_allow=fetch_allow,
+            resolvers=resolvers,
+            plugin_guard=plugin_guard,
         )
         self.caller = RecordingCaller(self.services.caller)
         self.services.caller = self.caller
         self._modules: dict[tuple[str, int], LoadedModule] = {}
         # (name, version) -> (min_version, max_history_length) the deploy declared
         self._declared: dict[tuple[str, int], tuple[int, int]] = {}
+        # (name, version) -> plugin versions pinned at deploy
+        self._plugin_versions: dict[tuple[str, int], dict[str, str]] = {}
         self.segments: list[tuple[str, SegmentResult]] = []
         self.worker_id = "test-worker"
 
@@ -127,6 +134,7 @@ class WorkflowEnvironment:
         child_binding: str = "",
         child_versions: Mapping[str, int] | None = None,
         allowed_signal_callers: Sequence[str] = (),
+        plugin_dependencies: Mapping[str, str] | None = None,
     ) -> int:
         """Deploy a module (bytes of a core module or a component) and return its version.
 
@@ -136,7 +144,8 @@ class WorkflowEnvironment:
         before the run is dead-lettered (the database's defaults when not given),
         ``child_binding`` and ``child_versions`` how its children get their versions
         (:class:`engine.versions.ChildBinding`), ``allowed_signal_callers`` the workflows
-        that may signal its runs when signal authorization is on."""
+        that may signal its runs when signal authorization is on, ``plugin_dependencies``
+        semver constraints resolved now to the newest configured plugin versions."""
         if min_version < 0:
             raise EngineError("min_version must not be negative")
         pins = dict(child_versions or {})
@@ -145,6 +154,12 @@ class WorkflowEnvironment:
             raise EngineError(binding[1])
         if max_history_length < 0:
             raise EngineError("max_history_length must not be negative")
+        try:
+            plugin_versions = resolve_plugins(
+                dict(plugin_dependencies or {}), self.services.plugins.versions()
+            )
+        except NoSuchVersion as exc:
+            raise EngineError(exc.message) from None
         policy = retry or RetryPolicy()
         problems = policy.problems()
         if problems:
@@ -154,6 +169,7 @@ class WorkflowEnvironment:
         module = self.runtime.load(wasm)
         self._modules[(name, version)] = module
         self._declared[(name, version)] = (min_version, max_history_length)
+        self._plugin_versions[(name, version)] = plugin_versions
         self.storage.declared[(name, version)] = DeployedVersion(
             version,
             min_version=min_version,
@@ -251,6 +267,7 @@ class WorkflowEnvironment:
             start_ms=run.created_ms,
             min_version=min_version,
             max_history_events=max_history or None,
+            plugin_versions=self._plugin_versions.get((run.definition, run.version), {}),
         )
 
     # --- talking to runs ---

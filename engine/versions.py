@@ -241,3 +241,94 @@ def move_refusal(
             f"{name} version {current.version} cannot move to version {target_version}: {problem}",
         )
     return None
+
+
+# --- plugin versions (the reference's ResolvePlugins) --------------------------------------------
+
+# Plugins are libraries used within compatibility ranges, so their versions are semver
+# strings, unlike workflow versions (monotonic integers for discrete business processes).
+
+
+def parse_semver(text: str) -> tuple[int, int, int] | None:
+    """``"1.2.3"`` (``"1.2"`` and ``"1"`` padded with zeros) as a tuple; None if it is not."""
+    parts = text.strip().split(".")
+    if not 1 <= len(parts) <= 3 or not all(p.isdigit() for p in parts):
+        return None
+    numbers = [int(p) for p in parts] + [0] * (3 - len(parts))
+    return numbers[0], numbers[1], numbers[2]
+
+
+def _clause_allows(clause: str, version: tuple[int, int, int]) -> bool | None:
+    """Whether ``version`` satisfies one clause (``>=1.2.0``, ``~1.2``, ``^1.0``, ``=1.2.3``,
+    ``1.2.3``, ``*``); None when the clause is not understood."""
+    clause = clause.strip()
+    if clause in ("*", ""):
+        return True
+    for op in (">=", "<=", ">", "<", "=", "~", "^"):
+        if clause.startswith(op):
+            base = parse_semver(clause[len(op) :])
+            break
+    else:
+        op, base = "=", parse_semver(clause)
+    if base is None:
+        return None
+    if op == ">=":
+        return version >= base
+    if op == "<=":
+        return version <= base
+    if op == ">":
+        return version > base
+    if op == "<":
+        return version < base
+    if op == "~":  # same major.minor, at least base
+        return version >= base and version[:2] == base[:2]
+    if op == "^":  # same major (or same minor under 0.x), at least base
+        same = version[:2] == base[:2] if base[0] == 0 else version[0] == base[0]
+        return version >= base and same
+    return version == base
+
+
+def constraint_problem(constraint: object) -> str | None:
+    """Why ``constraint`` is not a semver constraint this host reads (None when it is):
+    clauses such as ``>=1.2.0``, ``<2``, ``~1.2``, ``^1.0.0``, ``=1.2.3``, joined by commas
+    or spaces (all must hold)."""
+    if not isinstance(constraint, str):
+        return "a constraint must be a string such as '>=1.2.0'"
+    for clause in constraint.replace(",", " ").split():
+        if _clause_allows(clause, (0, 0, 0)) is None:
+            return f"{clause!r} is not a semver constraint (e.g. >=1.2.0, ~1.2, ^1.0.0)"
+    return None
+
+
+def satisfies(version: str, constraint: str) -> bool:
+    parsed = parse_semver(version)
+    if parsed is None:
+        return False
+    return all(
+        _clause_allows(clause, parsed) is True for clause in constraint.replace(",", " ").split()
+    )
+
+
+def resolve_plugins(
+    dependencies: Mapping[str, str], available: Mapping[str, Collection[str]]
+) -> dict[str, str]:
+    """Each dependency (``{"llm": ">=1.2.0"}``) pinned to the newest available version that
+    satisfies its constraint, as the reference's ``ResolvePlugins``. Raises
+    :class:`NoSuchVersion` (field ``plugin_dependencies``) naming the first that cannot be."""
+    pinned: dict[str, str] = {}
+    for name, constraint in sorted(dependencies.items()):
+        problem = constraint_problem(constraint)
+        if problem is not None:
+            raise NoSuchVersion(f"plugin {name!r}: {problem}", "plugin_dependencies")
+        versions = [v for v in available.get(name, ()) if parse_semver(v) is not None]
+        if not versions:
+            raise NoSuchVersion(f"no plugin named {name!r} is configured", "plugin_dependencies")
+        fitting = [v for v in versions if satisfies(v, constraint)]
+        if not fitting:
+            have = ", ".join(sorted(versions, key=lambda v: parse_semver(v) or (0, 0, 0)))
+            raise NoSuchVersion(
+                f"no version of plugin {name!r} satisfies {constraint!r} (configured: {have})",
+                "plugin_dependencies",
+            )
+        pinned[name] = max(fitting, key=lambda v: parse_semver(v) or (0, 0, 0))
+    return pinned

@@ -210,7 +210,14 @@ class WorkflowDefinition(TenantScoped):
         default=0, help_text="Oldest version whose histories this code can still replay."
     )
     entry_points = models.JSONField(default=list)
-    plugin_dependencies = models.JSONField(default=dict, blank=True)
+    plugin_dependencies = models.JSONField(
+        default=dict, blank=True, help_text='Semver constraints: {"llm": ">=1.2.0"}.'
+    )
+    plugin_versions = models.JSONField(
+        default=dict,
+        blank=True,
+        help_text="The plugin versions the dependencies resolved to at deploy (newest fitting).",
+    )
     max_history_length = models.PositiveIntegerField(
         default=0, help_text="Events before a run continues as new (0: the engine default)."
     )

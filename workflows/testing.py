@@ -74,10 +74,11 @@ class DatabaseWorkflowEnvironment:
         worker_id: str = "test-db-worker",
         plugins: Mapping[str, Any] | None = None,
         controlled_clock: bool = False,
+        plugin_guard: Mapping[str, Any] | None = None,
     ) -> None:
         self.tenant = tenant
         self.clock = VirtualClock(controlled_clock)
-        self.services = Services.from_settings(services, plugins=plugins)
+        self.services = Services.from_settings(services, plugins=plugins, plugin_guard=plugin_guard)
         self.caller = RecordingCaller(self.services.caller)
         self.services.caller = self.caller
         set_services(self.services)
@@ -101,6 +102,7 @@ class DatabaseWorkflowEnvironment:
         child_binding: str = "",
         child_versions: Mapping[str, int] | None = None,
         allowed_signal_callers: Sequence[str] = (),
+        plugin_dependencies: Mapping[str, str] | None = None,
     ) -> int:
         """As :meth:`engine.testing.WorkflowEnvironment.deploy`: the declared minimum
         version, the history cap, the retry policy and the child binding are the
@@ -115,6 +117,7 @@ class DatabaseWorkflowEnvironment:
             child_binding=child_binding,
             child_versions=dict(child_versions or {}),
             allowed_signal_callers=list(allowed_signal_callers),
+            plugin_dependencies=dict(plugin_dependencies or {}),
         )
         if retry is not None:
             with tenant_context(self.tenant.id):

@@ -243,3 +243,112 @@ def test_the_schedules_quota_denies_the_schedule_over_it(make_env: MakeEnv) -> N
     [(first, _), second] = env.result(env.run("planner"))
     assert first == 0
     assert second == [8, "quota schedules exceeded: at most 1 per tenant"]
+
+
+# --- plugins: versions pinned at deploy, cool-down, guard ----------------------------------------
+
+
+class Llm:
+    """A plugin whose every version answers its own number; ``fail`` makes it raise."""
+
+    def __init__(self, version: str) -> None:
+        self.version = version
+        self.fail = False
+        self.calls = 0
+
+    def ask(self, request: Any) -> dict[str, Any]:
+        self.calls += 1
+        if self.fail:
+            raise RuntimeError("model backend down")
+        return {"version": self.version}
+
+
+def plugin_env(request: pytest.FixtureRequest, kind: str, **options: Any) -> Any:
+    if kind == "memory":
+        return MemoryEnvironment(**options)
+    from workflows.testing import DatabaseWorkflowEnvironment
+
+    return DatabaseWorkflowEnvironment(request.getfixturevalue("tenant"), None, **options)
+
+
+def asks(times: int = 1) -> bytes:
+    w = Wat()
+    body = "".join(
+        f"(call $rec (call $plugin_call {w.s('llm')} {w.s('ask')} {w.js({})}))"
+        for _ in range(times)
+    )
+    w.run(f"{body} (call $finish)")
+    return w.wasm()
+
+
+@pytest.fixture(
+    params=["memory", pytest.param("database", marks=pytest.mark.django_db(transaction=True))]
+)
+def kind(request: pytest.FixtureRequest) -> str:
+    return str(request.param)
+
+
+def test_plugin_dependencies_pin_the_newest_fitting_version_at_deploy(
+    request: pytest.FixtureRequest, kind: str
+) -> None:
+    versions = {v: Llm(v) for v in ("1.1.0", "1.4.2", "2.0.0")}
+    env = plugin_env(request, kind, plugins={"llm": versions})
+    try:
+        env.deploy("asker", asks(), plugin_dependencies={"llm": ">=1.2.0, <2"})
+        assert env.result(env.run("asker")) == [[0, '{"version":"1.4.2"}']]
+        env.deploy("bold", asks(), plugin_dependencies={"llm": "^2.0.0"})
+        assert env.result(env.run("bold")) == [[0, '{"version":"2.0.0"}']]
+        with pytest.raises(Exception, match=r"no version of plugin 'llm' satisfies '>=3'"):
+            env.deploy("asker", asks(), plugin_dependencies={"llm": ">=3"})
+        with pytest.raises(Exception, match="is not a semver constraint"):
+            env.deploy("asker", asks(), plugin_dependencies={"llm": "newest"})
+    finally:
+        if kind == "database":
+            env.close()
+
+
+def test_a_plugin_that_raises_cools_down_and_its_calls_get_error(
+    request: pytest.FixtureRequest, kind: str
+) -> None:
+    llm = Llm("1.0.0")
+    env = plugin_env(request, kind, plugins={"llm": llm})
+    try:
+        env.deploy("asker", asks(2))
+        now = [1000.0]
+        env.services.plugins.clock = lambda: now[0]
+        llm.fail = True
+        down = "RuntimeError: model backend down"
+        assert env.result(env.run("asker")) == [
+            [1, down],
+            [1, f"plugin 'llm' is unhealthy (cooling down): {down}"],
+        ]
+        assert llm.calls == 1  # the second call was not made
+        assert env.services.plugins.unhealthy() == {"llm": down}
+        llm.fail = False
+        now[0] += 59
+        assert env.result(env.run("asker"))[0][0] == 1  # still cooling down
+        assert llm.calls == 1
+        now[0] += 1  # the 60 s cool-down is over
+        assert env.result(env.run("asker")) == [[0, '{"version":"1.0.0"}']] * 2
+        assert llm.calls == 3
+    finally:
+        if kind == "database":
+            env.close()
+
+
+def test_the_plugin_guard_denies_tenants_and_workflows_it_does_not_name(
+    request: pytest.FixtureRequest, kind: str
+) -> None:
+    env = plugin_env(
+        request, kind, plugins={"llm": Llm("1.0.0")}, plugin_guard={"llm": {"workflows": ["ok"]}}
+    )
+    try:
+        env.deploy("ok", asks())
+        env.deploy("other", asks())
+        assert env.result(env.run("ok")) == [[0, '{"version":"1.0.0"}']]
+        assert env.result(env.run("other")) == [
+            [8, "plugin 'llm' may not be called by workflow 'other'"]
+        ]
+    finally:
+        if kind == "database":
+            env.close()

@@ -252,3 +252,41 @@ def test_create_tenant_leaves_the_schedule_quota_to_the_setting(transactional_db
     assert Tenant.objects.get(name="acme").schedule_quota is None
     call_command("create_tenant", "capped", "--schedule-quota", "0", stdout=out)
     assert Tenant.objects.get(name="capped").schedule_quota == 0
+
+
+# --- plugins ------------------------------------------------------------------------------------
+
+
+def test_deploy_surfaces_resolve_plugin_dependencies(
+    tenant: Tenant, admin_api: Api, module: Path
+) -> None:
+    from engine.services import Services
+    from workflows.executor import set_services
+
+    versions = {v: object() for v in ("1.0.0", "1.3.1", "2.0.0")}
+    set_services(Services.from_settings(plugins={"llm": versions}))
+    try:
+        made = admin_api.deploy(
+            "asker", signal_waiter(), plugin_dependencies=quote('{"llm": "^1.0"}')
+        )
+        assert made.status_code == 201, made.content
+        assert made.json()["plugin_versions"] == {"llm": "1.3.1"}
+        refused = admin_api.deploy(
+            "asker", signal_waiter(), plugin_dependencies=quote('{"llm": ">=3"}')
+        )
+        assert refused.status_code == 400 and error_of(refused) == {
+            "code": "invalid",
+            "field": "plugin_dependencies",
+            "message": "no version of plugin 'llm' satisfies '>=3' "
+            "(configured: 1.0.0, 1.3.1, 2.0.0)",
+        }
+        call_command(
+            "deploy_workflow", "asker", str(module), "--plugin", "llm:>=2", stdout=io.StringIO()
+        )
+        assert definition(tenant, "asker", 2).plugin_versions == {"llm": "2.0.0"}
+        with pytest.raises(CommandError, match="is not NAME:CONSTRAINT"):
+            call_command(
+                "deploy_workflow", "asker", str(module), "--plugin", "llm", stdout=io.StringIO()
+            )
+    finally:
+        set_services(None)

@@ -175,6 +175,7 @@ class DefinitionSerializer(serializers.ModelSerializer):
             "min_version",
             "entry_points",
             "plugin_dependencies",
+            "plugin_versions",
             "max_history_length",
             "retry_max_attempts",
             "retry_initial_interval_s",
@@ -211,6 +212,12 @@ class DeployOptionsSerializer(KnownFieldsOnly):
         required=False,
         binary=True,
         help_text='With child_binding frozen: {"child name": version}, as a JSON object.',
+    )
+    plugin_dependencies = serializers.JSONField(
+        required=False,
+        binary=True,
+        help_text='Semver constraints on plugins, as a JSON object ({"llm": ">=1.2.0"}), '
+        "resolved at deploy to the newest configured versions that satisfy them.",
     )
     allowed_signal_callers = serializers.JSONField(
         required=False,

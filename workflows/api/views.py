@@ -276,6 +276,9 @@ class DefinitionViewSet(TenantViewSet):
             OpenApiParameter(
                 "allowed_signal_callers", str, description="Raw body only: a JSON array."
             ),
+            OpenApiParameter(
+                "plugin_dependencies", str, description="Raw body only: a JSON object."
+            ),
         ],
         responses={201: s.DefinitionSerializer},
     )

@@ -49,6 +49,11 @@ class DeployForm(forms.Form):
         required=False,
         help_text="With child binding frozen: the pinned versions, e.g. payment=3, email=1.",
     )
+    plugin_dependencies = forms.JSONField(
+        required=False,
+        help_text='Semver constraints on plugins, e.g. {"llm": ">=1.2.0"}; resolved now to '
+        "the newest configured versions that satisfy them.",
+    )
     allowed_signal_callers = forms.CharField(
         required=False,
         help_text="With signal authorization on: the workflows whose runs may signal this "

@@ -588,6 +588,7 @@ def deploy_page(request: HttpRequest) -> HttpResponse:
                 retry_max_attempts=data.get("retry_max_attempts"),
                 child_binding=data.get("child_binding") or "",
                 child_versions=defs.parse_child_versions(data.get("child_versions") or ""),
+                plugin_dependencies=data.get("plugin_dependencies") or {},
                 allowed_signal_callers=[
                     c.strip()
                     for c in (data.get("allowed_signal_callers") or "").split(",")

@@ -329,6 +329,17 @@ def _row_converters() -> list[tuple[int, tuple[list[Any], Any]]]:
     return found
 
 
+def pinned_plugin_versions(tenant: uuid.UUID, definition_id: int) -> dict[str, str]:
+    """The plugin versions a definition's dependencies resolved to at deploy."""
+    with tenant_context(tenant):
+        pinned = (
+            WorkflowDefinition.objects.filter(id=definition_id)
+            .values_list("plugin_versions", flat=True)
+            .first()
+        )
+    return dict(pinned or {})
+
+
 def load_wasm(tenant: uuid.UUID, definition_id: int) -> bytes:
     with tenant_context(tenant):
         return bytes(

@@ -11,6 +11,7 @@ from engine.versions import (
     binding_problem,
     choose_version,
     resolve_child_version,
+    resolve_plugins,
 )
 
 # version -> deprecated
@@ -110,3 +111,32 @@ def test_binding_problems_name_the_field() -> None:
         "child_versions",
         "child_versions are only used with child_binding 'frozen'",
     )
+
+
+# --- plugin versions (the reference's ResolvePlugins) ------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("constraint", "expected"),
+    [
+        (">=1.2.0", "2.1.0"),
+        (">=1.2.0, <2", "1.10.0"),
+        ("~1.2", "1.2.9"),
+        ("^1.2.0", "1.10.0"),
+        ("=1.2.9", "1.2.9"),
+        ("1.2.0", "1.2.0"),
+        ("*", "2.1.0"),
+    ],
+)
+def test_plugins_resolve_to_the_newest_fitting_version(constraint: str, expected: str) -> None:
+    available = {"llm": ["1.2.0", "1.2.9", "1.10.0", "2.1.0", "0.9.0"]}
+    assert resolve_plugins({"llm": constraint}, available) == {"llm": expected}
+
+
+def test_plugin_refusals_name_the_plugin() -> None:
+    with pytest.raises(NoSuchVersion, match="no plugin named 'llm' is configured"):
+        resolve_plugins({"llm": ">=1"}, {})
+    with pytest.raises(NoSuchVersion, match=r"satisfies '>=3' \(configured: 1.0.0, 2.0.0\)"):
+        resolve_plugins({"llm": ">=3"}, {"llm": ["2.0.0", "1.0.0"]})
+    with pytest.raises(NoSuchVersion, match="'latest' is not a semver constraint"):
+        resolve_plugins({"llm": "latest"}, {"llm": ["1.0.0"]})

@@ -10,7 +10,11 @@ from django.core.management.base import BaseCommand, CommandError, CommandParser
 
 from engine.versions import ChildBinding
 from workflows.api.parsers import max_module_bytes
-from workflows.definitions import deploy_definition, parse_child_versions
+from workflows.definitions import (
+    deploy_definition,
+    parse_child_versions,
+    parse_plugin_dependencies,
+)
 from workflows.management.commands._common import (
     VersionOptionMixin,
     add_tenant_argument,
@@ -53,6 +57,14 @@ class Command(VersionOptionMixin, BaseCommand):
             help="a workflow whose runs may signal this version's runs while "
             "CLEAT_REQUIRE_SIGNAL_AUTH is on (repeatable; none: no workflow may)",
         )
+        parser.add_argument(
+            "--plugin",
+            action="append",
+            default=[],
+            metavar="NAME:CONSTRAINT",
+            help="a plugin dependency with its semver constraint, e.g. 'llm:>=1.2.0' "
+            "(repeatable), resolved now to the newest configured version that satisfies it",
+        )
         add_tenant_argument(parser)
 
     def handle(self, *args: Any, **options: Any) -> None:
@@ -88,6 +100,7 @@ class Command(VersionOptionMixin, BaseCommand):
                 child_binding=options["child_binding"],
                 child_versions=pins,
                 allowed_signal_callers=options["signal_caller"],
+                plugin_dependencies=parse_plugin_dependencies(options["plugin"]),
             )
         except ServiceError as exc:
             raise fail(exc) from None
