@@ -258,6 +258,12 @@ CLEAT_TASK_CALLBACK_URL = env.str("CLEAT_TASK_CALLBACK_URL", default="")
 CLEAT_MAINTENANCE_ON_BEAT = env.bool("CLEAT_MAINTENANCE_ON_BEAT", default=False)
 CLEAT_BEAT_INTERVAL_SECONDS = env.float("CLEAT_BEAT_INTERVAL_SECONDS", default=1.0)
 CLEAT_LEASE_SECONDS = env.float("CLEAT_LEASE_SECONDS", default=60.0)
+# Which tenants (ids) and workflow definitions may call a plugin it names:
+# {"llm": {"tenants": ["*"], "workflows": ["summarise"]}}; a plugin it does not name is open.
+CLEAT_PLUGIN_GUARD = env.json("CLEAT_PLUGIN_GUARD", default={})
+# A plugin function that raises (anything but the permanent error) marks its plugin unhealthy
+# for this long: calls to it answer ERROR meanwhile, without being made.
+CLEAT_PLUGIN_COOLDOWN_SECONDS = env.float("CLEAT_PLUGIN_COOLDOWN_SECONDS", default=60.0)
 # A waiting run re-checks its wait at least this often (recovers a wake lost to a crash).
 CLEAT_WAIT_RECHECK_SECONDS = env.float("CLEAT_WAIT_RECHECK_SECONDS", default=300.0)
 # Fairness between tenants: most runs of one tenant running at once, for a tenant that sets
@@ -269,6 +275,15 @@ CLEAT_PRIORITY_MAX_BY_ROLE = env.json(
     "CLEAT_PRIORITY_MAX_BY_ROLE", default={"operator": 10, "admin": 100}
 )
 CLEAT_MAX_BACKFILL_RUNS = env.int("CLEAT_MAX_BACKFILL_RUNS", default=100)
+# Signal authorization (engine/policies.py): on, a run may be signalled only by the workflows
+# its definition's allowed_signal_callers names (an empty list: none), and from outside only
+# by API keys marked may_signal and users with the workflows.signal_workflowinstance
+# permission.
+CLEAT_REQUIRE_SIGNAL_AUTH = env.bool("CLEAT_REQUIRE_SIGNAL_AUTH", default=False)
+# Quotas (engine/policies.py), 0 meaning unlimited; a tenant's admin page overrides each.
+CLEAT_MAX_CHILDREN_PER_RUN = env.int("CLEAT_MAX_CHILDREN_PER_RUN", default=0)
+CLEAT_MAX_LOCKS_PER_RUN = env.int("CLEAT_MAX_LOCKS_PER_RUN", default=0)
+CLEAT_MAX_SCHEDULES_PER_TENANT = env.int("CLEAT_MAX_SCHEDULES_PER_TENANT", default=100)
 # PostgreSQL: the role the application connects as (created by the migrations).
 CLEAT_APP_ROLE = env.str("CLEAT_APP_ROLE", default="cleat_app")
 CLEAT_APP_ROLE_PASSWORD = env.str("CLEAT_APP_ROLE_PASSWORD", default="")

@@ -9,6 +9,8 @@ from __future__ import annotations
 import enum
 import re
 
+from engine.status import AbiStatus
+
 
 class ErrorCode(enum.StrEnum):
     """Why a workflow failed. Stored in the instance's ``error_code`` column; defined once here."""
@@ -72,6 +74,17 @@ class Refused(EngineError):
         self.message = message
 
 
+class Denied(Refused):
+    """A policy refused the operation (``DENIED``): signal authorization, a quota. Stores
+    keep an audit row of it after the refused change has rolled back; ``detail`` says what
+    was refused."""
+
+    def __init__(self, message: str, action: str, **detail: str) -> None:
+        super().__init__(AbiStatus.DENIED, message)
+        self.action = action
+        self.detail = detail
+
+
 class PermanentError(Exception):
     """Raise from a Python service to fail the call with ``PERMANENT`` (do not retry).
 
@@ -90,6 +103,11 @@ class GuestFault(WorkflowExit):
         super().__init__(f"{function}: {fault}")
         self.function = function
         self.fault = fault
+
+
+class QuotaExceeded(WorkflowExit):
+    """A host call that answers a plain number (``acquire_lock``) went over a quota: the
+    run fails with ``denied`` and the quota's message (there is no status to answer)."""
 
 
 class NondeterminismError(WorkflowExit):

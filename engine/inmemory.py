@@ -14,13 +14,20 @@ import secrets
 import threading
 import uuid
 from collections.abc import Callable, Collection, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from engine import lifecycle
 from engine.cron import cron_error, timezone_error
-from engine.errors import FenceLost, Refused, StorageError
+from engine.errors import Denied, FenceLost, Refused, StorageError
 from engine.events import AdminActionEvent, EncodedEvent, Event, decode, encode
+from engine.policies import (
+    Quota,
+    Quotas,
+    external_signal_refusal,
+    guest_signal_refusal,
+    quota_refusal,
+)
 from engine.session import SegmentResult, Suspended
 from engine.status import TERMINAL_STATUSES, AbiStatus, RunStatus
 from engine.storage import (
@@ -48,7 +55,14 @@ from engine.storage import (
     child_status,
 )
 from engine.task_calls import Disposition, TaskCallState, disposition
-from engine.versions import NoSuchVersion, choose_version
+from engine.versions import (
+    STABLE_TAG,
+    DeployedVersion,
+    NoSuchVersion,
+    choose_version,
+    move_refusal,
+    resolve_child_version,
+)
 
 DEFAULT_POLICY = lifecycle.RunPolicy()
 
@@ -62,6 +76,7 @@ class RunRecord:
     input: str
     created_ms: int
     tenant_id: str = "default"
+    entry_point: str = "run"
     status: RunStatus = RunStatus.READY
     result: str | None = None
     error: str | None = None
@@ -122,7 +137,17 @@ class InMemoryStorage:
         self.definitions: dict[str, dict[int, bool]] = {}
         # (name, version) -> the definition's policies (retry); the defaults otherwise.
         self.policies: dict[tuple[str, int], lifecycle.RunPolicy] = {}
-        self.schedule_quota = 100
+        # (name, version) -> what deploy declared (min_version, exports, child binding), for
+        # the rules of engine.versions; a version without an entry declares nothing.
+        self.declared: dict[tuple[str, int], DeployedVersion] = {}
+        # (name, tag) -> version ("stable", "canary")
+        self.tags: dict[tuple[str, str], int] = {}
+        # Policies (engine/policies.py), as CLEAT_REQUIRE_SIGNAL_AUTH and CLEAT_MAX_* set them.
+        self.require_signal_auth = False
+        # What a policy refused, as the database store's audit rows: action, run, reason.
+        self.audit: list[dict[str, Any]] = []
+        # 0: unlimited; the schedules default is CLEAT_MAX_SCHEDULES_PER_TENANT's.
+        self.quotas = Quotas(schedules=100)
         self._ids = itertools.count(1)
 
     # --- run lifecycle (the worker's side) ---
@@ -223,6 +248,18 @@ class InMemoryStorage:
     def _apply(self, run: RunRecord, transition: lifecycle.Transition) -> str | None:
         """Apply a transition of :mod:`engine.lifecycle` to ``run``; returns the successor's
         run id, if it made one."""
+        if transition.successor is not None and transition.successor.version != run.version:
+            target = transition.successor.version
+            refusal = move_refusal(
+                run.definition,
+                self.deployed(run.definition, run.version) or DeployedVersion(run.version),
+                self.deployed(run.definition, target),
+                target,
+                entry_point=run.entry_point,
+            )
+            if refusal is not None:
+                code, message = refusal
+                transition = lifecycle.successor_refused(run.workflow_id, code.value, message)
         run.status = transition.status
         if transition.attempt is not None:
             run.attempt = transition.attempt
@@ -234,12 +271,9 @@ class InMemoryStorage:
             self._forget_failed_call(run)
         successor: str | None = None
         if transition.successor is not None:
-            version = transition.successor.version
-            if version not in self.definitions.get(run.definition, {}):
-                version = run.version  # as the database store: an unknown version keeps this one
             successor = self.create_run(
                 run.definition,
-                version,
+                transition.successor.version,
                 transition.successor.input,
                 workflow_id=run.workflow_id,
                 parent_run_id=run.parent_run_id,
@@ -375,6 +409,43 @@ class InMemoryStorage:
             transition = lifecycle.force_fail(self._run(run_id).workflow_id, message, code)
             self._close(run_id, "force_fail", transition, operator, reason)
 
+    def move_to_version(
+        self, run_id: str, version: int, *, operator: str = "operator", reason: str = ""
+    ) -> None:
+        """An operator's move of a run to another deployed version of its definition: its
+        history replays on that version's code from the next segment on. Refused (Refused,
+        nothing changed) for a run that is running or finished, a version that is not
+        deployed, or one :func:`engine.versions.move_refusal` finds incompatible."""
+        with self._lock:
+            run = self._run(run_id)
+            refused = lifecycle.move_refusal_by_status(run.status)
+            if refused is not None:
+                raise Refused(AbiStatus.PERMANENT, f"run {run_id} is {refused}")
+            refusal = move_refusal(
+                run.definition,
+                self.deployed(run.definition, run.version) or DeployedVersion(run.version),
+                self.deployed(run.definition, version),
+                version,
+                entry_point=run.entry_point,
+            )
+            if refusal is not None:
+                code, message = refusal
+                status = AbiStatus.NOT_FOUND if code == "not_found" else AbiStatus.PERMANENT
+                raise Refused(status, message)
+            self._append(
+                run,
+                [
+                    AdminActionEvent(
+                        step=len(run.history),
+                        ts=self.clock(),
+                        action="move_to_version",
+                        operator=operator,
+                        reason=reason,
+                    )
+                ],
+            )
+            run.version = version
+
     def cancel(self, run_id: str, reason: str) -> None:
         with self._lock:
             run = self.runs[run_id]
@@ -395,6 +466,27 @@ class InMemoryStorage:
             self.signals.append(signal)
             self._wake(run.run_id)
             return signal.signal_id
+
+    def deliver_external_signal(
+        self, target_id: str, name: str, payload: str, *, permitted: bool, caller: str = "test"
+    ) -> str:
+        """A signal from outside the workflows (an API client, an operator), held to signal
+        authorization's permission (:func:`engine.policies.external_signal_refusal`)."""
+        with self._lock:
+            refusal = external_signal_refusal(
+                require_auth=self.require_signal_auth, permitted=permitted, who=caller
+            )
+            if refusal is not None:
+                self.audit.append(
+                    {
+                        "action": "signal_denied",
+                        "run_id": target_id,
+                        "reason": refusal,
+                        "signal": name,
+                    }
+                )
+                raise Refused(AbiStatus.DENIED, refusal)
+            return self.deliver_signal(target_id, name, payload)
 
     def _target(self, target_id: str) -> RunRecord | None:
         run = self.runs.get(target_id)
@@ -508,7 +600,18 @@ class InMemoryStorage:
     ) -> Any:
         with self._lock:
             owner = self._fenced(run)
-            result = self._mutate(run, mutation)
+            try:
+                result = self._mutate(run, mutation)
+            except Denied as denied:
+                self.audit.append(
+                    {
+                        "action": denied.action,
+                        "run_id": run.run_id,
+                        "reason": denied.message,
+                        **denied.detail,
+                    }
+                )
+                raise
             self._append(owner, [*pending, record(result)])
             return result
 
@@ -547,6 +650,16 @@ class InMemoryStorage:
                 held = self.locks.get(m.key)
                 if held and held[0] != m.holder and (held[1] is None or held[1] > m.now_ms):
                     return False
+                holding = [
+                    key
+                    for key, (holder, expires) in self.locks.items()
+                    if holder == m.holder
+                    and key != m.key
+                    and (expires is None or expires > m.now_ms)
+                ]
+                refusal = quota_refusal(self.quotas, Quota.LOCKS, len(holding))
+                if refusal is not None:
+                    raise Refused(AbiStatus.DENIED, refusal)
                 self.locks[m.key] = (m.holder, m.now_ms + m.ttl_ms if m.ttl_ms else None)
                 return True
             case ReleaseLock():
@@ -556,7 +669,11 @@ class InMemoryStorage:
             case StartChild():
                 if m.run_id in self.runs:
                     return m.run_id
-                version = self._resolve_version(m.name, m.version, m.parent_version)
+                started = sum(1 for r in self.runs.values() if r.parent_run_id == ref.run_id)
+                refusal = quota_refusal(self.quotas, Quota.CHILDREN, started)
+                if refusal is not None:
+                    raise Refused(AbiStatus.DENIED, refusal)
+                version = self._child_version(ref, m)
                 self.create_run(
                     m.name,
                     version,
@@ -569,10 +686,21 @@ class InMemoryStorage:
                 return m.run_id
             case StartDetached():
                 if m.run_id not in self.runs:
-                    version = self._resolve_version(m.name, 0, 0)
+                    version = self._resolve_version(m.name)
                     self.create_run(m.name, version, m.input, run_id=m.run_id)
                 return m.run_id
             case SendSignal():
+                target = self._target(m.target_id)
+                if target is not None:
+                    declared = self.deployed(target.definition, target.version)
+                    refusal = guest_signal_refusal(
+                        require_auth=self.require_signal_auth,
+                        allowed_callers=declared.allowed_signal_callers if declared else (),
+                        caller=self.runs[ref.run_id].definition,
+                        target=target.definition,
+                    )
+                    if refusal is not None:
+                        raise Denied(refusal, "signal_denied", target=target.run_id, signal=m.name)
                 self.deliver_signal(m.target_id, m.name, m.payload, m.correlation_id)
                 return None
             case CreatePromise():
@@ -591,11 +719,9 @@ class InMemoryStorage:
                     raise Refused(
                         AbiStatus.NOT_FOUND, f"no workflow definition named {m.workflow_name!r}"
                     )
-                if len(self.schedules) >= self.schedule_quota:
-                    raise Refused(
-                        AbiStatus.DENIED,
-                        f"the tenant's quota of {self.schedule_quota} schedules is reached",
-                    )
+                refusal = quota_refusal(self.quotas, Quota.SCHEDULES, len(self.schedules))
+                if refusal is not None:
+                    raise Refused(AbiStatus.DENIED, refusal)
                 self.schedules[m.schedule_id] = {
                     "id": m.schedule_id,
                     "workflow_name": m.workflow_name,
@@ -613,13 +739,33 @@ class InMemoryStorage:
                 return None
         raise RuntimeError(f"unrecognised mutation {m!r}")
 
-    def _resolve_version(self, name: str, version: int, parent_version: int) -> int:
+    def _resolve_version(self, name: str) -> int:
         try:
-            return choose_version(
-                name,
-                self.definitions.get(name, {}),
-                version=version if version > 0 else None,
-                preferred=parent_version,
+            return choose_version(name, self.definitions.get(name, {}))
+        except NoSuchVersion as exc:
+            raise Refused(AbiStatus.NOT_FOUND, exc.message) from None
+
+    def deployed(self, name: str, version: int) -> DeployedVersion | None:
+        """A deployed version as the rules of :mod:`engine.versions` see it."""
+        deprecated = self.definitions.get(name, {}).get(version)
+        if deprecated is None:
+            return None
+        declared = self.declared.get((name, version), DeployedVersion(version))
+        return replace(declared, version=version, deprecated=deprecated)
+
+    def _child_version(self, ref: RunRef, m: StartChild) -> int:
+        parent = self.runs[ref.run_id]
+        spec = self.deployed(parent.definition, parent.version) or DeployedVersion(0)
+        versions = [self.deployed(m.name, v) for v in self.definitions.get(m.name, {})]
+        try:
+            return resolve_child_version(
+                m.name,
+                [v for v in versions if v is not None],
+                version=m.version,
+                parent_version=m.parent_version,
+                binding=spec.child_binding,
+                pins=spec.child_versions,
+                stable=self.tags.get((m.name, STABLE_TAG)),
             )
         except NoSuchVersion as exc:
             raise Refused(AbiStatus.NOT_FOUND, exc.message) from None

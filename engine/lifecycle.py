@@ -217,6 +217,26 @@ def force_fail(workflow_id: str, message: str, code: str) -> Transition:
     )
 
 
+def successor_refused(workflow_id: str, code: str, message: str) -> Transition:
+    """Continue-as-new to a version the run may not move to (``engine.versions``'s
+    ``move_refusal``): the run fails with the reason instead, and no successor starts."""
+    return Transition(
+        RunStatus.FAILED, error=message, error_code=code, release_locks_of=workflow_id
+    )
+
+
+def move_refusal_by_status(status: str) -> str | None:
+    """Why an operator may not move a run in ``status`` to another version (None: they
+    may). A waiting, paused or dead-lettered run can move (the last is how a fixed version
+    takes over a run that failed with non-determinism); a running one is mid-segment on its
+    code; a finished one has nothing left to run."""
+    if status == RunStatus.RUNNING:
+        return "running; pause it or wait until its segment ends"
+    if status in TERMINAL_STATUSES and status != RunStatus.DEAD_LETTERED:
+        return f"already {status}"
+    return None
+
+
 def close_refusal(action: str, status: str) -> str | None:
     """Why ``action`` (terminate, force_complete, force_fail, cancel) cannot apply to a run
     in ``status``; None when it can. A done run can be neither reopened nor re-closed; a

@@ -24,18 +24,24 @@ import importlib
 import ipaddress
 import json
 import json.encoder
+import logging
 import re
 import socket
+import threading
+import time
 import urllib.error
 import urllib.parse
 import urllib.request
-from collections.abc import Callable, Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, NamedTuple, Protocol
 
 from engine.errors import PermanentError
 from engine.events import json_loads
 from engine.status import AbiStatus
+from engine.versions import parse_semver
+
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True, slots=True)
@@ -582,18 +588,95 @@ class Fetcher:
         )
 
 
+UNVERSIONED = "0.0.0"  # the version of a plugin configured without versions
+
+
+@dataclass(frozen=True)
+class PluginCaller:
+    """Who makes a plugin call (the guard's question) and the version its definition pinned
+    at deploy (None: the newest configured)."""
+
+    tenant: str = ""
+    workflow: str = ""
+    version: str | None = None
+
+
 class PluginRegistry:
-    """Host plugins: ``{"llm": "myapp.plugins.llm"}``; ``plugin_call(plugin, fn, input)``
-    calls attribute ``fn`` with the parsed input. A streaming function returns an iterable
-    of chunks."""
+    """Host plugins, as ``CLEAT_PLUGINS`` configures them: ``{"llm": "myapp.plugins.llm"}``,
+    or with versions ``{"llm": {"1.2.0": "myapp.llm_v1", "2.0.0": "myapp.llm_v2"}}``.
+    ``plugin_call(plugin, fn, input)`` calls attribute ``fn`` with the parsed input; a
+    streaming function returns an iterable of chunks.
 
-    def __init__(self, plugins: Mapping[str, Any] | None = None) -> None:
-        self._spec = dict(plugins or {})
+    As the reference's ``PluginRegistry`` and ``PluginCallGuard``: a function that raises
+    anything but :class:`PermanentError` marks its whole plugin unhealthy for
+    ``cooldown_s`` seconds, during which every call to it answers ``ERROR`` without being
+    made; ``guard`` (``{"llm": {"tenants": [...], "workflows": [...]}}``, ``"*"`` for any)
+    says which tenants and workflow definitions may call a plugin it names (``DENIED``
+    otherwise; a plugin it does not name is open to all)."""
 
-    def _function(self, plugin: str, function: str) -> Callable[..., Any] | str:
+    def __init__(
+        self,
+        plugins: Mapping[str, Any] | None = None,
+        *,
+        guard: Mapping[str, Mapping[str, Sequence[str]]] | None = None,
+        cooldown_s: float = 60.0,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self._spec: dict[str, dict[str, Any]] = {}
+        for name, target in (plugins or {}).items():
+            if isinstance(target, Mapping):
+                self._spec[name] = dict(target)
+            else:
+                self._spec[name] = {UNVERSIONED: target}
+        self._guard = {name: dict(rule) for name, rule in (guard or {}).items()}
+        self.cooldown_s = cooldown_s
+        self.clock = clock
+        self._unhealthy: dict[str, tuple[float, str]] = {}  # plugin -> (until, error)
+        self._lock = threading.Lock()
+
+    def versions(self) -> dict[str, list[str]]:
+        """Each configured plugin's versions (what deploy resolves constraints against)."""
+        return {name: list(by_version) for name, by_version in self._spec.items()}
+
+    def unhealthy(self) -> dict[str, str]:
+        """The plugins in their cool-down now, with the error that put them there."""
+        now = self.clock()
+        with self._lock:
+            return {p: err for p, (until, err) in self._unhealthy.items() if until > now}
+
+    def _mark_unhealthy(self, plugin: str, error: str) -> None:
+        with self._lock:
+            self._unhealthy[plugin] = (self.clock() + self.cooldown_s, error)
+        log.warning("plugin %s marked unhealthy for %gs: %s", plugin, self.cooldown_s, error)
+
+    def _refusal(self, plugin: str, caller: PluginCaller) -> CallResult | None:
+        rule = self._guard.get(plugin)
+        if rule is not None:
+            for key, who in (("tenants", caller.tenant), ("workflows", caller.workflow)):
+                allowed = list(rule.get(key, ["*"]))
+                if "*" not in allowed and who not in allowed:
+                    return CallResult(
+                        AbiStatus.DENIED,
+                        f"plugin {plugin!r} may not be called by {key[:-1]} {who!r}",
+                    )
+        sick = self.unhealthy().get(plugin)
+        if sick is not None:
+            return CallResult(
+                AbiStatus.ERROR, f"plugin {plugin!r} is unhealthy (cooling down): {sick}"
+            )
+        return None
+
+    def _function(
+        self, plugin: str, function: str, version: str | None
+    ) -> Callable[..., Any] | str:
         if plugin not in self._spec:
             return f"unknown plugin {plugin!r}"
-        target = self._spec[plugin]
+        by_version = self._spec[plugin]
+        if version is None:
+            version = max(by_version, key=lambda v: parse_semver(v) or (0, 0, 0))
+        if version not in by_version:
+            return f"plugin {plugin!r} has no version {version} (pinned at deploy)"
+        target = by_version[version]
         try:
             obj = import_dotted(target) if isinstance(target, str) else target
         except (ImportError, AttributeError) as exc:
@@ -603,8 +686,14 @@ class PluginRegistry:
             return f"plugin {plugin!r} has no function {function!r}"
         return fn  # type: ignore[no-any-return]
 
-    def call(self, plugin: str, function: str, input: str) -> CallResult:
-        fn = self._function(plugin, function)
+    def call(
+        self, plugin: str, function: str, input: str, caller: PluginCaller | None = None
+    ) -> CallResult:
+        caller = caller or PluginCaller()
+        refused = self._refusal(plugin, caller)
+        if refused is not None:
+            return refused
+        fn = self._function(plugin, function, caller.version)
         if isinstance(fn, str):
             return CallResult(AbiStatus.PERMANENT, fn)
         try:
@@ -612,17 +701,40 @@ class PluginRegistry:
         except PermanentError as exc:
             return CallResult(AbiStatus.PERMANENT, str(exc))
         except Exception as exc:
-            return CallResult(AbiStatus.ERROR, f"{type(exc).__name__}: {exc}")
+            error = f"{type(exc).__name__}: {exc}"
+            self._mark_unhealthy(plugin, error)
+            return CallResult(AbiStatus.ERROR, error)
 
-    def stream(self, plugin: str, function: str, input: str) -> Iterator[str] | CallResult:
-        fn = self._function(plugin, function)
+    def stream(
+        self, plugin: str, function: str, input: str, caller: PluginCaller | None = None
+    ) -> Iterator[str] | CallResult:
+        caller = caller or PluginCaller()
+        refused = self._refusal(plugin, caller)
+        if refused is not None:
+            return refused
+        fn = self._function(plugin, function, caller.version)
         if isinstance(fn, str):
             return CallResult(AbiStatus.PERMANENT, fn)
         try:
             chunks = fn(json.loads(input) if input else None)
-            return (_dumps(c) for c in chunks)
+        except PermanentError as exc:
+            return CallResult(AbiStatus.PERMANENT, str(exc))
         except Exception as exc:
-            return CallResult(AbiStatus.ERROR, f"{type(exc).__name__}: {exc}")
+            error = f"{type(exc).__name__}: {exc}"
+            self._mark_unhealthy(plugin, error)
+            return CallResult(AbiStatus.ERROR, error)
+        return self._watched(plugin, chunks)
+
+    def _watched(self, plugin: str, chunks: Iterable[Any]) -> Iterator[str]:
+        """The chunks; a stream that raises midway marks its plugin unhealthy too."""
+        try:
+            for chunk in chunks:
+                yield _dumps(chunk)
+        except PermanentError:
+            raise
+        except Exception as exc:
+            self._mark_unhealthy(plugin, f"{type(exc).__name__}: {exc}")
+            raise
 
 
 @dataclass
@@ -643,6 +755,8 @@ class Services:
         fetch_allow_private: bool = False,
         plugins: Mapping[str, Any] | None = None,
         resolvers: Mapping[str, Any] | None = None,
+        plugin_guard: Mapping[str, Mapping[str, Sequence[str]]] | None = None,
+        plugin_cooldown_s: float = 60.0,
     ) -> Services:
         loaded = {
             name: (import_dotted(path) if isinstance(path, str) else path)
@@ -651,6 +765,6 @@ class Services:
         return cls(
             caller=ServiceRegistry(services),
             fetcher=Fetcher(fetch_allow, fetch_allow_private),
-            plugins=PluginRegistry(plugins),
+            plugins=PluginRegistry(plugins, guard=plugin_guard, cooldown_s=plugin_cooldown_s),
             resolvers=loaded,
         )

@@ -37,7 +37,7 @@ of the workflow, in a unit test::
 from __future__ import annotations
 
 import json
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -54,6 +54,7 @@ from engine.services import CallContext, CallResult, Fetcher, PluginRegistry, Se
 from engine.session import Completed, ContinuedAsNew, Failed, Outcome, RunInfo, SegmentResult
 from engine.status import RunStatus
 from engine.storage import RunRef
+from engine.versions import DeployedVersion, NoSuchVersion, binding_problem, resolve_plugins
 
 DEFAULT_START_MS = 1_767_225_600_000  # 2026-01-01T00:00:00Z
 
@@ -113,18 +114,27 @@ class WorkflowEnvironment:
         plugins: Mapping[str, Any] | None = None,
         fetch_allow: tuple[str, ...] = (),
         resolvers: Mapping[str, Any] | None = None,
+        require_signal_auth: bool = False,
+        plugin_guard: Mapping[str, Mapping[str, Sequence[str]]] | None = None,
     ) -> None:
         self.clock = VirtualClock(start_ms)
         self.storage = InMemoryStorage(self.clock.now)
+        self.storage.require_signal_auth = require_signal_auth
         self.runtime = runtime or (WasmRuntime(config) if config else shared_runtime())
         self.services = Services.from_settings(
-            services, plugins=plugins, fetch_allow=fetch_allow, resolvers=resolvers
+            services,
+            plugins=plugins,
+            fetch_allow=fetch_allow,
+            resolvers=resolvers,
+            plugin_guard=plugin_guard,
         )
         self.caller = RecordingCaller(self.services.caller)
         self.services.caller = self.caller
         self._modules: dict[tuple[str, int], LoadedModule] = {}
         # (name, version) -> (min_version, max_history_length) the deploy declared
         self._declared: dict[tuple[str, int], tuple[int, int]] = {}
+        # (name, version) -> plugin versions pinned at deploy
+        self._plugin_versions: dict[tuple[str, int], dict[str, str]] = {}
         self.segments: list[tuple[str, SegmentResult]] = []
         self.worker_id = "test-worker"
 
@@ -139,25 +149,53 @@ class WorkflowEnvironment:
         min_version: int = 0,
         max_history_length: int = 0,
         retry: RetryPolicy | None = None,
+        child_binding: str = "",
+        child_versions: Mapping[str, int] | None = None,
+        allowed_signal_callers: Sequence[str] = (),
+        plugin_dependencies: Mapping[str, str] | None = None,
     ) -> int:
         """Deploy a module (bytes of a core module or a component) and return its version.
 
         As a deployed definition: ``min_version`` is what the guest's ``min_version()``
         answers, ``max_history_length`` the events after which a run continues as new (0:
         the engine's default), ``retry`` the policy a retryable failure is retried with
-        before the run is dead-lettered (the database's defaults when not given)."""
+        before the run is dead-lettered (the database's defaults when not given),
+        ``child_binding`` and ``child_versions`` how its children get their versions
+        (:class:`engine.versions.ChildBinding`), ``allowed_signal_callers`` the workflows
+        that may signal its runs when signal authorization is on, ``plugin_dependencies``
+        semver constraints resolved now to the newest configured plugin versions."""
         if min_version < 0:
             raise EngineError("min_version must not be negative")
+        pins = dict(child_versions or {})
+        binding = binding_problem(child_binding, pins)
+        if binding is not None:
+            raise EngineError(binding[1])
         if max_history_length < 0:
             raise EngineError("max_history_length must not be negative")
+        try:
+            plugin_versions = resolve_plugins(
+                dict(plugin_dependencies or {}), self.services.plugins.versions()
+            )
+        except NoSuchVersion as exc:
+            raise EngineError(exc.message) from None
         policy = retry or RetryPolicy()
         problems = policy.problems()
         if problems:
             raise EngineError(f"retry policy: {'; '.join(problems)}")
         versions = self.storage.definitions.setdefault(name, {})
         version = version or (max(versions, default=0) + 1)
-        self._modules[(name, version)] = self.runtime.load(wasm)
+        module = self.runtime.load(wasm)
+        self._modules[(name, version)] = module
         self._declared[(name, version)] = (min_version, max_history_length)
+        self._plugin_versions[(name, version)] = plugin_versions
+        self.storage.declared[(name, version)] = DeployedVersion(
+            version,
+            min_version=min_version,
+            entry_points=tuple(module.info.entry_points),
+            child_binding=child_binding,
+            child_versions=pins,
+            allowed_signal_callers=tuple(allowed_signal_callers),
+        )
         self.storage.policies[(name, version)] = RunPolicy(retry=policy)
         versions[version] = False
         return version
@@ -181,6 +219,19 @@ class WorkflowEnvironment:
         return self.storage.create_run(
             name, chosen, text, workflow_id=workflow_id, priority=priority
         ).run_id
+
+    def deprecate(self, name: str, version: int, deprecated: bool = True) -> None:
+        """Mark a version deprecated (new runs stop choosing it) or restore it."""
+        versions = self.storage.definitions.get(name, {})
+        if version not in versions:
+            raise EngineError(f"{name!r} has no version {version}")
+        versions[version] = deprecated
+
+    def set_tag(self, name: str, tag: str, version: int) -> None:
+        """Point ``tag`` (``stable``, ``canary``) at a deployed version."""
+        if version not in self.storage.definitions.get(name, {}):
+            raise EngineError(f"{name!r} has no version {version}")
+        self.storage.tags[(name, tag)] = version
 
     def run(self, name: str, input: Any = None, **kwargs: Any) -> str:
         """Start a run and process everything due; returns the run id."""
@@ -234,12 +285,18 @@ class WorkflowEnvironment:
             start_ms=run.created_ms,
             min_version=min_version,
             max_history_events=max_history or None,
+            plugin_versions=self._plugin_versions.get((run.definition, run.version), {}),
         )
 
     # --- talking to runs ---
 
-    def signal(self, run_id: str, name: str, payload: Any = None) -> None:
-        self.storage.deliver_signal(run_id, name, "null" if payload is None else dumps(payload))
+    def signal(
+        self, run_id: str, name: str, payload: Any = None, *, permitted: bool = True
+    ) -> None:
+        """A signal from outside, by a caller with (``permitted``) or without the permission
+        signal authorization asks for (refused: ``Refused`` with ``DENIED``)."""
+        text = "null" if payload is None else dumps(payload)
+        self.storage.deliver_external_signal(run_id, name, text, permitted=permitted)
 
     def cancel(self, run_id: str, reason: str = "cancelled by test") -> None:
         self.storage.cancel(run_id, reason)
@@ -263,6 +320,11 @@ class WorkflowEnvironment:
         result's JSON, or an error status and message); returns what became of it
         (``engine.task_calls.Disposition``)."""
         return self.storage.report_task_outcome(task_id, token, status, payload).value
+
+    def move_to_version(self, run_id: str, version: int) -> None:
+        """An operator's move of a waiting, paused or dead-lettered run to another version
+        (refused, with the first incompatibility, as under the database store)."""
+        self.storage.move_to_version(run_id, version, operator="test")
 
     def resolve_promise(self, promise_id: str, value: Any) -> None:
         self.storage.settle_promise(promise_id, value=dumps(value))

@@ -23,6 +23,7 @@ from engine.errors import (
     HistoryCorrupt,
     InvalidModule,
     NondeterminismError,
+    QuotaExceeded,
     StorageError,
 )
 from engine.outcomes import ContinueAsNew, ContinuedAsNew, Outcome, Suspend, Suspended, failed
@@ -66,6 +67,8 @@ def classify(
             raise reason
         case GuestFault():
             return failed(ErrorCode.GUEST_FAULT, str(reason))
+        case QuotaExceeded():
+            return failed(ErrorCode.DENIED, str(reason))
         case NondeterminismError():
             return failed(ErrorCode.NONDETERMINISM, str(reason))
         case HistoryCorrupt():

@@ -18,11 +18,13 @@ from django.conf import settings
 from django.db import IntegrityError, transaction
 from django.utils import timezone as dj_timezone
 
+from engine.policies import Quota, quota_refusal
 from schedules.cron import CronError, CronSchedule, compile_cron
 from schedules.models import MisfirePolicy, OverlapPolicy, Schedule
 from schedules.scheduler import Delivery, append_note, deliver
 from workflows.definitions import resolve_definition
 from workflows.models import AuditLog, Tenant
+from workflows.policies import quotas_for
 from workflows.services import (
     Conflict,
     InvalidInput,
@@ -301,9 +303,13 @@ def create_schedule(
     now = now or dj_timezone.now()
     with tenant_context(tenant.id):
         clean = validate_schedule(tenant, values)
-        quota = Tenant.objects.filter(id=tenant.id).values_list("schedule_quota", flat=True).first()
-        if Schedule.objects.filter(tenant_id=tenant.id).count() >= (quota or 0):
-            raise QuotaExceeded(f"the tenant's quota of {quota} schedules is reached", "name")
+        refusal = quota_refusal(
+            quotas_for(tenant.id),
+            Quota.SCHEDULES,
+            Schedule.objects.filter(tenant_id=tenant.id).count(),
+        )
+        if refusal is not None:
+            raise QuotaExceeded(refusal, "name")
         timing = compile_cron(clean["cron"], clean["timezone"])
         try:
             with transaction.atomic():

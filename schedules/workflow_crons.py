@@ -13,11 +13,13 @@ from typing import Any
 
 from engine.cron import cron_error, timezone_error
 from engine.errors import Refused
+from engine.policies import Quota, quota_refusal
 from engine.status import AbiStatus
 from engine.storage import CreateSchedule, DeleteSchedule, RunRef
 from schedules.cron import CronError, next_fire_time
 from schedules.models import Schedule
-from workflows.models import Tenant, WorkflowDefinition
+from workflows.models import WorkflowDefinition
+from workflows.policies import quotas_for
 
 
 def _uuid_or_none(text: str) -> uuid.UUID | None:
@@ -40,11 +42,11 @@ class WorkflowCrons:
         schedule_id = uuid.UUID(m.schedule_id)
         if Schedule.objects.filter(tenant_id=tenant, id=schedule_id).exists():
             return m.schedule_id
-        quota = (
-            Tenant.objects.filter(id=tenant).values_list("schedule_quota", flat=True).first() or 0
+        refusal = quota_refusal(
+            quotas_for(tenant), Quota.SCHEDULES, Schedule.objects.filter(tenant_id=tenant).count()
         )
-        if Schedule.objects.filter(tenant_id=tenant).count() >= quota:
-            raise Refused(AbiStatus.DENIED, f"the tenant's quota of {quota} schedules is reached")
+        if refusal is not None:
+            raise Refused(AbiStatus.DENIED, refusal)
         try:
             json.loads(m.input)
         except json.JSONDecodeError:

@@ -418,11 +418,21 @@ class TenantAdmin(SuperuserOnly):
         "is_active",
         "max_running",
         "schedule_quota",
+        "max_children_per_run",
+        "max_locks_per_run",
         "last_claimed_at",
         "created_at",
     )
     search_fields = ("name",)
-    fields = ("name", "is_active", "max_running", "schedule_quota", "last_claimed_at")
+    fields = (
+        "name",
+        "is_active",
+        "max_running",
+        "schedule_quota",
+        "max_children_per_run",
+        "max_locks_per_run",
+        "last_claimed_at",
+    )
     readonly_fields = ("name", "is_active", "last_claimed_at")
     actions = ("deactivate_tenants", "reactivate_tenants")
 

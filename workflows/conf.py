@@ -22,6 +22,8 @@ class CleatSettings:
     fetch_allow: tuple[str, ...]
     fetch_allow_private: bool
     plugins: dict[str, Any]
+    plugin_guard: dict[str, Any]
+    plugin_cooldown_s: float
 
     def build_services(self) -> Services:
         return Services.from_settings(
@@ -30,6 +32,8 @@ class CleatSettings:
             fetch_allow_private=self.fetch_allow_private,
             plugins=self.plugins,
             resolvers=self.ambiguity_resolvers,
+            plugin_guard=self.plugin_guard,
+            plugin_cooldown_s=self.plugin_cooldown_s,
         )
 
 
@@ -77,4 +81,6 @@ def cleat_settings() -> CleatSettings:
         fetch_allow=tuple(getattr(settings, "CLEAT_FETCH_ALLOW", ())),
         fetch_allow_private=bool(getattr(settings, "CLEAT_FETCH_ALLOW_PRIVATE", False)),
         plugins=_mapping("CLEAT_PLUGINS"),
+        plugin_guard=_mapping("CLEAT_PLUGIN_GUARD"),
+        plugin_cooldown_s=float(getattr(settings, "CLEAT_PLUGIN_COOLDOWN_SECONDS", 60.0)),
     )

@@ -25,7 +25,8 @@ from typing import Any
 from django.db.models import Count, Max, Q, QuerySet
 
 from engine.errors import InvalidModule
-from engine.versions import NoSuchVersion, choose_version
+from engine.policies import check_callers
+from engine.versions import NoSuchVersion, binding_problem, choose_version, resolve_plugins
 from workflows.models import (
     ACTIVE_STATUSES,
     AuditLog,
@@ -56,12 +57,39 @@ def deploy_definition(
     min_version: int = 0,
     max_history_length: int = 0,
     retry_max_attempts: int | None = None,
+    child_binding: str = "",
+    child_versions: dict[str, int] | None = None,
+    allowed_signal_callers: list[str] | None = None,
+    plugin_dependencies: dict[str, str] | None = None,
 ) -> WorkflowDefinition:
     """Validate ``wasm`` with wasmtime (refused with its reason) and store it as the next
-    version of ``name`` (or as ``version``)."""
-    from workflows.executor import get_runtime
+    version of ``name`` (or as ``version``). ``child_binding`` and ``child_versions``: how
+    this version's children get their versions (:class:`engine.versions.ChildBinding`);
+    ``allowed_signal_callers`` the workflows whose runs may signal its runs while signal
+    authorization is on (:mod:`engine.policies`); ``plugin_dependencies`` semver
+    constraints (``{"llm": ">=1.2.0"}``), resolved now to the newest configured versions
+    that satisfy them (:func:`engine.versions.resolve_plugins`) and pinned."""
+    from workflows.executor import get_runtime, get_services
 
     check_name(name, "name")
+    child_versions = {} if child_versions is None else child_versions
+    binding = binding_problem(child_binding, child_versions)
+    if binding is not None:
+        raise InvalidInput(binding[1], binding[0])
+    callers = [] if allowed_signal_callers is None else allowed_signal_callers
+    problem = check_callers(callers)
+    if problem is not None:
+        raise InvalidInput(problem, "allowed_signal_callers")
+    dependencies = {} if plugin_dependencies is None else plugin_dependencies
+    if not isinstance(dependencies, dict):
+        raise InvalidInput(
+            'plugin_dependencies must map plugin names to constraints ({"llm": ">=1.2.0"})',
+            "plugin_dependencies",
+        )
+    try:
+        plugin_versions = resolve_plugins(dependencies, get_services().plugins.versions())
+    except NoSuchVersion as exc:
+        raise InvalidInput(exc.message, exc.field) from None
     if not wasm:
         raise InvalidInput("the module is empty", "wasm")
     try:
@@ -92,8 +120,45 @@ def deploy_definition(
             min_version=min_version,
             entry_points=list(info.entry_points),
             max_history_length=max_history_length,
+            child_binding=child_binding,
+            child_versions=child_versions,
+            allowed_signal_callers=callers,
+            plugin_dependencies=dependencies,
+            plugin_versions=plugin_versions,
             **fields,
         )
+
+
+def parse_child_versions(text: str | Sequence[str]) -> dict[str, int]:
+    """``child=1, other=2`` (or a list of ``child=1`` items, as the CLI's repeated flag
+    gives them) as the ``child_versions`` pins a frozen binding uses."""
+    items = [text] if isinstance(text, str) else list(text)
+    pins: dict[str, int] = {}
+    for item in (bit.strip() for piece in items for bit in piece.split(",")):
+        if not item:
+            continue
+        name, sep, number = item.partition("=")
+        if not sep or not name.strip() or not number.strip().isdigit():
+            raise InvalidInput(
+                f"child_versions: {item!r} is not NAME=VERSION (e.g. payment=3)", "child_versions"
+            )
+        pins[name.strip()] = int(number)
+    return pins
+
+
+def parse_plugin_dependencies(items: Sequence[str]) -> dict[str, str]:
+    """``["llm:>=1.2.0", "search:^2"]`` (the deploy command's repeated flag) as
+    ``plugin_dependencies``."""
+    dependencies: dict[str, str] = {}
+    for item in items:
+        name, sep, constraint = item.partition(":")
+        if not sep or not name.strip() or not constraint.strip():
+            raise InvalidInput(
+                f"plugin_dependencies: {item!r} is not NAME:CONSTRAINT (e.g. llm:>=1.2.0)",
+                "plugin_dependencies",
+            )
+        dependencies[name.strip()] = constraint.strip()
+    return dependencies
 
 
 def _check_packet_size(size: int) -> None:

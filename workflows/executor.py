@@ -17,7 +17,7 @@ from django.db import DatabaseError, InterfaceError, OperationalError, connectio
 from engine.errors import ErrorCode, FenceLost, InvalidModule
 from engine.lifecycle import outcome_kind
 from engine.runtime import WasmRuntime
-from engine.services import Services
+from engine.services import UNVERSIONED, Services
 from engine.session import (
     Failed,
     RunInfo,
@@ -34,6 +34,7 @@ from workflows.store.lifecycle import (
     finalize_segment,
     load_run,
     load_wasm,
+    pinned_plugin_versions,
     release,
 )
 from workflows.store.storage import DjangoStorage
@@ -72,6 +73,15 @@ def get_services() -> Services:
         if _services is None:
             _services = cleat_settings().build_services()
         return _services
+
+
+def _plugin_versions(loaded: Any) -> dict[str, str]:
+    """The plugin versions the run's definition pinned at deploy (read only when some
+    configured plugin has versions to choose from)."""
+    versions = get_services().plugins.versions().values()
+    if all(list(v) == [UNVERSIONED] for v in versions):
+        return {}
+    return pinned_plugin_versions(loaded.claim.tenant_id, loaded.definition_id)
 
 
 def set_services(services: Services | None) -> None:
@@ -136,6 +146,7 @@ def _execute_claim(
         entry_point=instance.entry_point,
         min_version=loaded.min_version,
         max_history_events=loaded.max_history_length or None,
+        plugin_versions=_plugin_versions(loaded),
     )
     storage = _WatchedStorage(DjangoStorage(claim.tenant_id, clock))
     engine_clock = (lambda: int(clock().timestamp() * 1000)) if clock else None

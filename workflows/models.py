@@ -25,6 +25,8 @@ from engine.events import EncodedEvent, EventType
 from engine.lifecycle import RetryPolicy
 from engine.status import TERMINAL_STATUSES as ENGINE_TERMINAL_STATUSES
 from engine.status import RunStatus as EngineRunStatus
+from engine.versions import ChildBinding as EngineChildBinding
+from engine.versions import DeployedVersion
 from workflows.tenancy import of_tenant
 
 DEFAULT_TENANT_ID = uuid.UUID("00000000-0000-0000-0000-000000000000")
@@ -69,14 +71,49 @@ class ParentClosePolicy(models.TextChoices):
     REQUEST_CANCEL = "request_cancel", "request cancel"
 
 
+# How a definition's children get their versions: the engine's values (the resolution rule,
+# engine/versions.py, reads them), with labels for the admin.
+_CHILD_BINDING_LABELS = {
+    EngineChildBinding.DEFAULT: "default (parent's version, else latest compatible)",
+    EngineChildBinding.FROZEN: "frozen (versions pinned at deploy)",
+    EngineChildBinding.STABLE: "stable (the version tagged stable)",
+    EngineChildBinding.LATEST: "latest (the newest non-deprecated version)",
+}
+ChildBinding = models.TextChoices(
+    "ChildBinding",
+    [(b.name, (b.value, _CHILD_BINDING_LABELS[b])) for b in EngineChildBinding],
+    module=__name__,
+)
+
+
 class Tenant(models.Model):
     """A tenant: everything else belongs to exactly one. Not itself RLS-scoped (it is the
     registry the scoping refers to); the application role may only read it."""
 
     id = models.UUIDField(primary_key=True, default=uuid.uuid4, editable=False)
     name = models.CharField(max_length=128, unique=True, validators=[name_validator])
+    # Quota overrides (engine/policies.py): empty takes the CLEAT_MAX_* setting; 0 is
+    # unlimited.
     schedule_quota = models.PositiveIntegerField(
-        default=100, help_text="Most schedules this tenant may hold (workflows and API alike)."
+        null=True,
+        blank=True,
+        verbose_name="schedules quota",
+        help_text="Most schedules this tenant may hold, workflows and API alike "
+        "(empty: CLEAT_MAX_SCHEDULES_PER_TENANT; 0: unlimited).",
+    )
+    max_children_per_run = models.PositiveIntegerField(
+        null=True,
+        blank=True,
+        verbose_name="children quota",
+        help_text="Most child runs one run may start (empty: CLEAT_MAX_CHILDREN_PER_RUN; "
+        "0: unlimited).",
+    )
+    max_locks_per_run = models.PositiveIntegerField(
+        null=True,
+        blank=True,
+        verbose_name="locks quota",
+        help_text="Most locks and concurrency keys one run may hold at once (empty: "
+        "CLEAT_MAX_LOCKS_PER_RUN; 0: unlimited).",
     )
     is_active = models.BooleanField(
         default=True,
@@ -129,6 +166,10 @@ class ApiKey(TenantScoped):
     created_at = models.DateTimeField(default=timezone.now)
     last_used_at = models.DateTimeField(null=True, blank=True)
     revoked_at = models.DateTimeField(null=True, blank=True)
+    may_signal = models.BooleanField(
+        default=False,
+        help_text="May signal runs while signal authorization (CLEAT_REQUIRE_SIGNAL_AUTH) is on.",
+    )
 
     class Meta:
         verbose_name = "API key"
@@ -169,7 +210,14 @@ class WorkflowDefinition(TenantScoped):
         default=0, help_text="Oldest version whose histories this code can still replay."
     )
     entry_points = models.JSONField(default=list)
-    plugin_dependencies = models.JSONField(default=dict, blank=True)
+    plugin_dependencies = models.JSONField(
+        default=dict, blank=True, help_text='Semver constraints: {"llm": ">=1.2.0"}.'
+    )
+    plugin_versions = models.JSONField(
+        default=dict,
+        blank=True,
+        help_text="The plugin versions the dependencies resolved to at deploy (newest fitting).",
+    )
     max_history_length = models.PositiveIntegerField(
         default=0, help_text="Events before a run continues as new (0: the engine default)."
     )
@@ -180,6 +228,24 @@ class WorkflowDefinition(TenantScoped):
     retry_backoff_coefficient = models.FloatField(default=2.0)
     retry_max_interval_s = models.FloatField(default=300.0)
     deprecated = models.BooleanField(default=False)
+    child_binding = models.CharField(
+        max_length=8,
+        choices=ChildBinding.choices,
+        default=ChildBinding.DEFAULT,
+        blank=True,
+        help_text="How this version's children get their versions (engine/versions.py).",
+    )
+    child_versions = models.JSONField(
+        default=dict,
+        blank=True,
+        help_text='With child_binding frozen: {"child name": version} pinned at deploy.',
+    )
+    allowed_signal_callers = models.JSONField(
+        default=list,
+        blank=True,
+        help_text="With CLEAT_REQUIRE_SIGNAL_AUTH on: the workflows whose runs may signal "
+        "this version's runs (empty: none may).",
+    )
     created_at = models.DateTimeField(default=timezone.now)
 
     class Meta:
@@ -193,6 +259,19 @@ class WorkflowDefinition(TenantScoped):
 
     def __str__(self) -> str:
         return f"{self.name} v{self.version}"
+
+    @property
+    def deployed_version(self) -> DeployedVersion:
+        """What :mod:`engine.versions`' rules need to know about this version."""
+        return DeployedVersion(
+            version=self.version,
+            deprecated=self.deprecated,
+            min_version=self.min_version,
+            entry_points=tuple(self.entry_points or ()),
+            child_binding=self.child_binding,
+            child_versions=dict(self.child_versions or {}),
+            allowed_signal_callers=tuple(self.allowed_signal_callers or ()),
+        )
 
     @property
     def retry_policy(self) -> RetryPolicy:
@@ -308,6 +387,9 @@ class WorkflowInstance(TenantScoped):
             ),
         ]
         ordering = ["-created_at"]
+        permissions = [
+            ("signal_workflowinstance", "Can signal runs while signal authorization is on")
+        ]
 
     def __str__(self) -> str:
         return f"{self.definition_name} {self.id}"

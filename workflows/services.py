@@ -22,8 +22,10 @@ from django.utils import timezone
 from engine import lifecycle
 from engine.errors import ErrorCode
 from engine.events import AdminActionEvent, encode
+from engine.policies import external_signal_refusal
 from engine.recorded import RecordedRun
 from engine.storable import json_text_fault
+from engine.versions import move_refusal
 from workflows.models import (
     PRIORITY_MAX,
     PRIORITY_MIN,
@@ -34,10 +36,12 @@ from workflows.models import (
     Signal,
     Tenant,
     UpdateRequest,
+    WorkflowDefinition,
     WorkflowEvent,
     WorkflowInstance,
     name_validator,
 )
+from workflows.policies import require_signal_auth
 from workflows.store import wake
 from workflows.store.lifecycle import (
     close_instance,
@@ -74,6 +78,38 @@ class Conflict(ServiceError):
     """A stale generation, or a transition the run's status does not allow."""
 
     code = "conflict"
+    http_status = 409
+
+
+class Forbidden(ServiceError):
+    """A policy refuses the caller (signal authorization). ``audit`` is the refusal's audit
+    row, which the caller keeps with :func:`keep_refusal_audit` once the refused request's
+    transaction has rolled back (the API and the console do)."""
+
+    code = "denied"
+    http_status = 403
+
+    def __init__(
+        self, message: str, field: str | None = None, audit: dict[str, Any] | None = None
+    ) -> None:
+        super().__init__(message, field)
+        self.audit = audit
+
+
+def keep_refusal_audit(tenant: Tenant, exc: Exception) -> None:
+    """Write the audit row a refusal carries, in a transaction of its own (call it after
+    the refused request's transaction rolled back)."""
+    audit = getattr(exc, "audit", None)
+    if not audit:
+        return
+    with tenant_context(tenant.id):
+        AuditLog.objects.create(tenant=tenant, **audit)
+
+
+class QuotaExceeded(ServiceError):
+    """One more would break a quota (engine/policies.py); the message names it."""
+
+    code = "quota_exceeded"
     http_status = 409
 
 
@@ -261,11 +297,33 @@ def signal_workflow(
     *,
     operator: str | None = None,
     reason: str = "",
+    permitted: bool = True,
+    caller: str = "",
 ) -> Signal:
-    """Deliver a signal. Sent by an operator (``operator`` given), it is also audited."""
+    """Deliver a signal. Sent by an operator (``operator`` given), it is also audited.
+
+    With signal authorization on (``CLEAT_REQUIRE_SIGNAL_AUTH``) the sender -- ``caller``,
+    an API key or a console user -- needs the permission to signal (``permitted``: the
+    key's ``may_signal``, the user's ``workflows.signal_workflowinstance``); the command
+    line, which holds the database's credentials, is always permitted. A refusal is
+    Forbidden (403) carrying its audit row (:func:`keep_refusal_audit`)."""
     if not name or len(name) > 256:
         raise InvalidInput("signal name must be 1-256 characters", "name")
     text = json_text(payload, "payload")
+    refusal = external_signal_refusal(
+        require_auth=require_signal_auth(), permitted=permitted, who=caller or "the caller"
+    )
+    if refusal is not None:
+        with tenant_context(tenant.id):
+            instance = get_instance(tenant, run_id)
+        audit = {
+            "instance_id": instance.id,
+            "action": "signal_denied",
+            "operator": caller or "api",
+            "reason": refusal,
+            "detail": {"signal": name},
+        }
+        raise Forbidden(refusal, "name", audit=audit)
     with tenant_context(tenant.id):
         instance = get_instance(tenant, run_id, lock=True)
         if instance.is_terminal:
@@ -556,6 +614,63 @@ def export_history(tenant: Tenant, run_id: str) -> RecordedRun:
             error=instance.error,
             error_code=instance.error_code,
         )
+
+
+def move_to_version(
+    tenant: Tenant,
+    run_id: str,
+    version: Any,
+    operator: str = "api",
+    reason: str = "",
+    generation: int | None = None,
+) -> WorkflowInstance:
+    """An operator's "move to version N": a waiting, paused or dead-lettered run replays its
+    history on another deployed version of its definition from its next segment on.
+    Refused -- nothing changes -- for a running or finished run (Conflict), a version that
+    is not deployed (NotFound), and one that cannot take the run over (Conflict with the
+    first incompatibility, :func:`engine.versions.move_refusal`)."""
+    if isinstance(version, bool) or not isinstance(version, int) or version < 1:
+        raise InvalidInput("version must be a positive integer", "version")
+    with tenant_context(tenant.id):
+        instance = get_instance(tenant, run_id, lock=True)
+        _check_generation(instance, generation)
+        refused = lifecycle.move_refusal_by_status(instance.status)
+        if refused is not None:
+            raise Conflict(f"run {run_id} is {refused}", "run_id")
+        target = (
+            WorkflowDefinition.objects.filter(
+                tenant_id=tenant.id, name=instance.definition_name, version=version
+            )
+            .defer("wasm")
+            .first()
+        )
+        current = WorkflowDefinition.objects.defer("wasm").get(id=instance.definition_id)
+        refusal = move_refusal(
+            instance.definition_name,
+            current.deployed_version,
+            target.deployed_version if target is not None else None,
+            version,
+            entry_point=instance.entry_point,
+        )
+        if refusal is not None:
+            code, message = refusal
+            if code == ErrorCode.NOT_FOUND:
+                raise NotFound(message, "version")
+            raise Conflict(message, "version")
+        assert target is not None
+        _audit(
+            tenant,
+            instance,
+            "move_to_version",
+            operator,
+            reason,
+            {"from_version": instance.definition_version, "to_version": version},
+        )
+        WorkflowInstance.objects.filter(id=instance.id).update(
+            definition=target, definition_version=version
+        )
+        instance.refresh_from_db()
+    return instance
 
 
 # --- tenants ------------------------------------------------------------------------------------

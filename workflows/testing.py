@@ -8,7 +8,7 @@ store, the claim, the fenced finalize and the wake-ups, on SQLite, PostgreSQL or
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from datetime import datetime, timedelta
 from typing import Any
 
@@ -19,7 +19,12 @@ from engine.lifecycle import RetryPolicy
 from engine.services import Services
 from engine.testing import RecordingCaller
 from workflows import services as svc
-from workflows.definitions import deploy_definition
+from workflows.definitions import (
+    deploy_definition,
+    deprecate_definition,
+    restore_definition,
+    set_tag,
+)
 from workflows.executor import execute_claim, set_services
 from workflows.models import (
     Tenant,
@@ -70,10 +75,11 @@ class DatabaseWorkflowEnvironment:
         worker_id: str = "test-db-worker",
         plugins: Mapping[str, Any] | None = None,
         controlled_clock: bool = False,
+        plugin_guard: Mapping[str, Any] | None = None,
     ) -> None:
         self.tenant = tenant
         self.clock = VirtualClock(controlled_clock)
-        self.services = Services.from_settings(services, plugins=plugins)
+        self.services = Services.from_settings(services, plugins=plugins, plugin_guard=plugin_guard)
         self.caller = RecordingCaller(self.services.caller)
         self.services.caller = self.caller
         set_services(self.services)
@@ -94,9 +100,14 @@ class DatabaseWorkflowEnvironment:
         min_version: int = 0,
         max_history_length: int = 0,
         retry: RetryPolicy | None = None,
+        child_binding: str = "",
+        child_versions: Mapping[str, int] | None = None,
+        allowed_signal_callers: Sequence[str] = (),
+        plugin_dependencies: Mapping[str, str] | None = None,
     ) -> int:
         """As :meth:`engine.testing.WorkflowEnvironment.deploy`: the declared minimum
-        version, the history cap and the retry policy are the definition's."""
+        version, the history cap, the retry policy and the child binding are the
+        definition's."""
         definition = deploy_definition(
             self.tenant,
             name,
@@ -104,6 +115,10 @@ class DatabaseWorkflowEnvironment:
             version=version,
             min_version=min_version,
             max_history_length=max_history_length,
+            child_binding=child_binding,
+            child_versions=dict(child_versions or {}),
+            allowed_signal_callers=list(allowed_signal_callers),
+            plugin_dependencies=dict(plugin_dependencies or {}),
         )
         if retry is not None:
             with tenant_context(self.tenant.id):
@@ -114,6 +129,15 @@ class DatabaseWorkflowEnvironment:
                     retry_max_interval_s=retry.max_interval_s,
                 )
         return definition.version
+
+    def deprecate(self, name: str, version: int, deprecated: bool = True) -> None:
+        if deprecated:
+            deprecate_definition(self.tenant, name, version, "test")
+        else:
+            restore_definition(self.tenant, name, version, "test")
+
+    def set_tag(self, name: str, tag: str, version: int) -> None:
+        set_tag(self.tenant, name, tag, version, "test")
 
     def start(self, name: str, input: Any = None, *, version: int | None = None, **kw: Any) -> str:
         text = input if isinstance(input, str) else json.dumps(input)
@@ -155,8 +179,18 @@ class DatabaseWorkflowEnvironment:
 
     # --- talking to runs ----------------------------------------------------------------------
 
-    def signal(self, run_id: str, name: str, payload: Any = None) -> None:
-        svc.signal_workflow(self.tenant, run_id, name, payload)
+    def signal(
+        self, run_id: str, name: str, payload: Any = None, *, permitted: bool = True
+    ) -> None:
+        """A signal from outside, by a caller with (``permitted``) or without the permission
+        signal authorization asks for."""
+        try:
+            svc.signal_workflow(
+                self.tenant, run_id, name, payload, permitted=permitted, caller="test"
+            )
+        except svc.Forbidden as exc:
+            svc.keep_refusal_audit(self.tenant, exc)
+            raise
 
     def cancel(self, run_id: str, reason: str = "cancelled by test") -> None:
         svc.cancel_workflow(self.tenant, run_id, reason)
@@ -176,6 +210,9 @@ class DatabaseWorkflowEnvironment:
         return task_calls.report_outcome(
             self.tenant.id, task_id, token, status, payload, now=self.clock.now()
         ).value
+
+    def move_to_version(self, run_id: str, version: int) -> None:
+        svc.move_to_version(self.tenant, run_id, version, "test")
 
     def resolve_promise(self, promise_id: str, value: Any) -> None:
         svc.settle_promise(self.tenant, promise_id, value=value)

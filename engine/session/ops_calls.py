@@ -28,7 +28,7 @@ from engine.events import (
 )
 from engine.faults import crash_point
 from engine.outcomes import WaitCondition, WaitKind
-from engine.services import CallContext, CallResult, TaskCall, TaskService
+from engine.services import CallContext, CallResult, PluginCaller, TaskCall, TaskService
 from engine.session.replay import (
     OK_EMPTY,
     ReplayCore,
@@ -526,11 +526,20 @@ class CallOps(ReplayCore):
         event = self._match(PluginCallEvent, (plugin, function, input, False))
         if event is None:
             step = self.step
-            result = self._io(lambda: self.services.plugins.call(plugin, function, input))
+            caller = self._plugin_caller(plugin)
+            result = self._io(lambda: self.services.plugins.call(plugin, function, input, caller))
             event = self._record_now(
                 self._plugin_event(step, plugin, function, input, False, result)
             )
         return Reply(event.status, event.output if event.status == AbiStatus.OK else event.error)
+
+    def _plugin_caller(self, plugin: str) -> PluginCaller:
+        """Who calls (for the plugin guard) and the version deploy pinned."""
+        return PluginCaller(
+            tenant=self.ref.tenant_id,
+            workflow=self.run.definition,
+            version=self.run.plugin_versions.get(plugin),
+        )
 
     def _plugin_event(
         self, step: int, plugin: str, function: str, input: str, streaming: bool, result: CallResult
@@ -567,7 +576,7 @@ class CallOps(ReplayCore):
         # Fresh: record each chunk as it arrives; the final event appends them all at once.
         chunks: list[Any] = []
         started = time.monotonic()
-        stream = self.services.plugins.stream(plugin, function, input)
+        stream = self.services.plugins.stream(plugin, function, input, self._plugin_caller(plugin))
         if isinstance(stream, CallResult):
             result = stream
         else:

@@ -7,7 +7,7 @@ import json
 from typing import Any
 
 from engine.determinism import derived_uuid
-from engine.errors import GuestFault, Refused
+from engine.errors import GuestFault, QuotaExceeded, Refused
 from engine.events import (
     AcquireLockEvent,
     DeleteCronEvent,
@@ -156,7 +156,7 @@ class StateOps(ReplayCore):
                 lambda acquired: AcquireLockEvent(
                     step=step, ts=ts, key=key, ttl_ms=ttl_ms, acquired=bool(acquired)
                 ),
-                never_refused,
+                _over_lock_quota,
             )
         return 1 if event.acquired else 0
 
@@ -220,3 +220,10 @@ class StateOps(ReplayCore):
                 )
             )
         return Reply(AbiStatus.OK, event.result)
+
+
+def _over_lock_quota(exc: Refused) -> Any:
+    """``acquire_lock`` answers 1 or 0, so the locks quota (DENIED) fails the run instead."""
+    if exc.status == AbiStatus.DENIED:
+        raise QuotaExceeded(exc.message)
+    return never_refused(exc)

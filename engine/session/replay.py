@@ -38,8 +38,8 @@ from __future__ import annotations
 import json
 import logging
 import time
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
 from typing import Any, NamedTuple, Protocol, TypeVar
 
 from engine.config import EngineConfig
@@ -108,6 +108,8 @@ class RunInfo:
     min_version: int = 0
     # Events after which the run continues as new; None: the engine configuration's.
     max_history_events: int | None = None
+    # plugin -> the version the definition's plugin_dependencies resolved to at deploy.
+    plugin_versions: Mapping[str, str] = field(default_factory=dict)
 
 
 class GuestBackend(Protocol):

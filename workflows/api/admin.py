@@ -33,7 +33,7 @@ class ApiKeyCreationForm(forms.ModelForm):
 
     class Meta:
         model = ApiKey
-        fields = ["name", "role"]
+        fields = ["name", "role", "may_signal"]
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
@@ -54,7 +54,15 @@ class ApiKeyCreationForm(forms.ModelForm):
 
 @admin.register(ApiKey)
 class ApiKeyAdmin(TenantScopedAdmin):
-    list_display = ("name", "prefix", "role", "created_at", "last_used_at", "revoked_at")
+    list_display = (
+        "name",
+        "prefix",
+        "role",
+        "may_signal",
+        "created_at",
+        "last_used_at",
+        "revoked_at",
+    )
     list_filter = ("role",)
     search_fields = ("name", "prefix")
     actions = ["revoke"]
@@ -70,8 +78,16 @@ class ApiKeyAdmin(TenantScopedAdmin):
 
     def get_fields(self, request: HttpRequest, obj: Any = None) -> list[str]:
         if obj is None:
-            return ["name", "role"]
-        return ["name", "role", "prefix", "created_at", "last_used_at", "revoked_at"]
+            return ["name", "role", "may_signal"]
+        return [
+            "name",
+            "role",
+            "may_signal",
+            "prefix",
+            "created_at",
+            "last_used_at",
+            "revoked_at",
+        ]
 
     def get_readonly_fields(self, request: HttpRequest, obj: Any = None) -> list[str]:
         if obj is None:

@@ -26,6 +26,7 @@ from workflows.models import (
     NAME_PATTERN,
     PRIORITY_MAX,
     PRIORITY_MIN,
+    ChildBinding,
     Promise,
     RoutingRule,
     RunStatus,
@@ -175,12 +176,16 @@ class DefinitionSerializer(serializers.ModelSerializer):
             "min_version",
             "entry_points",
             "plugin_dependencies",
+            "plugin_versions",
             "max_history_length",
             "retry_max_attempts",
             "retry_initial_interval_s",
             "retry_backoff_coefficient",
             "retry_max_interval_s",
             "deprecated",
+            "child_binding",
+            "child_versions",
+            "allowed_signal_callers",
             "active_runs",
             "created_at",
         ]
@@ -197,6 +202,30 @@ class DeployOptionsSerializer(KnownFieldsOnly):
     min_version = serializers.IntegerField(required=False, min_value=0, max_value=INT32_MAX)
     max_history_length = serializers.IntegerField(required=False, min_value=0, max_value=INT32_MAX)
     retry_max_attempts = serializers.IntegerField(required=False, min_value=1, max_value=1000)
+    child_binding = serializers.ChoiceField(
+        choices=ChildBinding.choices,
+        required=False,
+        allow_blank=True,
+        help_text="How this version's children get their versions: frozen, stable, latest, "
+        "or empty (the parent's version, else the newest compatible).",
+    )
+    child_versions = serializers.JSONField(
+        required=False,
+        binary=True,
+        help_text='With child_binding frozen: {"child name": version}, as a JSON object.',
+    )
+    plugin_dependencies = serializers.JSONField(
+        required=False,
+        binary=True,
+        help_text='Semver constraints on plugins, as a JSON object ({"llm": ">=1.2.0"}), '
+        "resolved at deploy to the newest configured versions that satisfy them.",
+    )
+    allowed_signal_callers = serializers.JSONField(
+        required=False,
+        binary=True,
+        help_text="With CLEAT_REQUIRE_SIGNAL_AUTH on: the workflows whose runs may signal "
+        'this version\'s runs, as a JSON array (["billing"]); none given: no workflow may.',
+    )
 
 
 class DeployUploadSerializer(DeployOptionsSerializer):
@@ -459,6 +488,11 @@ class ForceFailSerializer(ReasonSerializer):
 
 class ReReplaySerializer(ReasonSerializer):
     generation = serializers.IntegerField(min_value=0, max_value=2**63 - 1)
+
+
+class MoveVersionSerializer(ReasonSerializer):
+    version = serializers.IntegerField(min_value=1, max_value=INT32_MAX)
+    generation = serializers.IntegerField(required=False, min_value=0, max_value=2**63 - 1)
 
 
 class UpdateRequestSerializer(KnownFieldsOnly):

@@ -50,6 +50,7 @@ from workflows.api.parsers import (
 from workflows.api.permissions import HasRole
 from workflows.models import (
     ACTIVE_STATUSES,
+    ApiKey,
     Promise,
     Role,
     RoutingRule,
@@ -166,8 +167,11 @@ class TenantViewSet(viewsets.GenericViewSet):
             self._tenant_scope.enter_context(tenant_context(self.tenant.id))
 
     def handle_exception(self, exc: Exception) -> Any:
-        # Leave the tenant context with the error, so that its transaction rolls back.
+        # Leave the tenant context with the error, so that its transaction rolls back; a
+        # policy's refusal keeps its audit row, written after the rollback.
         self._tenant_scope.__exit__(type(exc), exc, exc.__traceback__)
+        if isinstance(exc, services.Forbidden):
+            services.keep_refusal_audit(self.tenant, exc)
         return super().handle_exception(exc)
 
     def body_limit(self) -> int:
@@ -267,6 +271,14 @@ class DefinitionViewSet(TenantViewSet):
             OpenApiParameter("min_version", int, description="Raw body only."),
             OpenApiParameter("max_history_length", int, description="Raw body only."),
             OpenApiParameter("retry_max_attempts", int, description="Raw body only."),
+            OpenApiParameter("child_binding", str, description="Raw body only."),
+            OpenApiParameter("child_versions", str, description="Raw body only: a JSON object."),
+            OpenApiParameter(
+                "allowed_signal_callers", str, description="Raw body only: a JSON array."
+            ),
+            OpenApiParameter(
+                "plugin_dependencies", str, description="Raw body only: a JSON object."
+            ),
         ],
         responses={201: s.DefinitionSerializer},
     )
@@ -549,6 +561,7 @@ class WorkflowViewSet(TenantViewSet):
         "force_complete": Role.ADMIN,
         "force_fail": Role.ADMIN,
         "re_replay": Role.ADMIN,
+        "move_version": Role.ADMIN,
     }
 
     def get_queryset(self) -> QuerySet[WorkflowInstance]:
@@ -706,9 +719,27 @@ class WorkflowViewSet(TenantViewSet):
     def signal(self, request: Request, run_id: str) -> Response:
         body = self.validated(s.SignalRequestSerializer)
         sent = services.signal_workflow(
-            self.tenant, run_id, body["name"], s.json_text(body["payload"])
+            self.tenant,
+            run_id,
+            body["name"],
+            s.json_text(body["payload"]),
+            permitted=self._may_signal(),
+            caller=self.operator,
         )
         return Response(s.SignalSerializer(sent).data, status=status.HTTP_202_ACCEPTED)
+
+    def _may_signal(self) -> bool:
+        """The caller's permission to signal under signal authorization: an API key's
+        ``may_signal``; a console user's ``workflows.signal_workflowinstance``."""
+        key_id = self.identity.key_id
+        if key_id is None:
+            return bool(self.request.user.has_perm("workflows.signal_workflowinstance"))
+        return bool(
+            of_tenant(ApiKey, self.tenant)
+            .filter(id=key_id)
+            .values_list("may_signal", flat=True)
+            .first()
+        )
 
     def _reason(self) -> str:
         return str(self.validated(s.ReasonSerializer)["reason"])
@@ -822,6 +853,32 @@ class WorkflowViewSet(TenantViewSet):
     def re_replay(self, request: Request, run_id: str) -> Response:
         body = self.validated(s.ReReplaySerializer)
         services.re_replay(self.tenant, run_id, body["generation"], self.operator, body["reason"])
+        return self._respond(run_id)
+
+    @extend_schema(
+        summary="Move the run to another version of its definition (admin)",
+        description=(
+            "A ready, paused or dead-lettered run replays its history on `version` from its "
+            "next segment on. 404 when the version is not deployed; 409 when the run is "
+            "running or finished, `generation` is stale, or the version cannot take the run "
+            "over (the message names the first incompatibility: an entry point or update "
+            "handler it lacks, a min_version above the run's version)."
+        ),
+        request=s.MoveVersionSerializer,
+        responses=s.RunSerializer,
+    )
+    @_errors(404, 409)
+    @action(detail=True, methods=["post"], url_path="move-version")
+    def move_version(self, request: Request, run_id: str) -> Response:
+        body = self.validated(s.MoveVersionSerializer)
+        services.move_to_version(
+            self.tenant,
+            run_id,
+            body["version"],
+            self.operator,
+            body["reason"],
+            generation=body.get("generation"),
+        )
         return self._respond(run_id)
 
     @extend_schema(

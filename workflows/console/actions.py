@@ -173,7 +173,14 @@ def _resume(t: Tenant, run: str, gen: int, data: dict[str, Any], op: str) -> Any
 
 def _signal(t: Tenant, run: str, gen: int, data: dict[str, Any], op: str) -> Any:
     return svc.signal_workflow(
-        t, run, data["name"], data["payload"], operator=op, reason=data["reason"]
+        t,
+        run,
+        data["name"],
+        data["payload"],
+        operator=op,
+        reason=data["reason"],
+        permitted=bool(data.get("may_signal")),
+        caller=op,
     )
 
 
@@ -317,6 +324,7 @@ def perform(
                     _require_generation(tenant, target)
                 done = action.call(tenant, target.run_id, target.generation, data, operator)
         except svc.ServiceError as exc:
+            svc.keep_refusal_audit(tenant, exc)  # a policy's refusal keeps its audit row
             outcomes.append(Outcome(target.run_id, False, exc.message))
         else:
             plan = getattr(done, "retry_plan", None)

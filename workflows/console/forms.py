@@ -10,7 +10,7 @@ from typing import Any
 
 from django import forms
 
-from workflows.models import name_validator
+from workflows.models import ChildBinding, name_validator
 
 MAX_MODULE_BYTES = 64 * 1024 * 1024
 
@@ -39,6 +39,25 @@ class DeployForm(forms.Form):
         min_value=1,
         max_value=1000,
         help_text="Attempts for a retryable failure before dead-lettering (default 3).",
+    )
+    child_binding = forms.ChoiceField(
+        required=False,
+        choices=ChildBinding.choices,
+        help_text="How this version's children get their versions.",
+    )
+    child_versions = forms.CharField(
+        required=False,
+        help_text="With child binding frozen: the pinned versions, e.g. payment=3, email=1.",
+    )
+    plugin_dependencies = forms.JSONField(
+        required=False,
+        help_text='Semver constraints on plugins, e.g. {"llm": ">=1.2.0"}; resolved now to '
+        "the newest configured versions that satisfy them.",
+    )
+    allowed_signal_callers = forms.CharField(
+        required=False,
+        help_text="With signal authorization on: the workflows whose runs may signal this "
+        "version's runs, comma-separated (empty: none may).",
     )
 
     def clean_wasm(self) -> Any:

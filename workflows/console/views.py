@@ -349,9 +349,23 @@ def action_page(request: HttpRequest, object_id: str, name: str) -> HttpResponse
     _report(
         request,
         action,
-        perform(action, tenant_of(request), targets, form.cleaned_data, operator_of(request)),
+        perform(
+            action,
+            tenant_of(request),
+            targets,
+            _with_permissions(request, form),
+            operator_of(request),
+        ),
     )
     return HttpResponseRedirect(instance_url(found.id))
+
+
+def _with_permissions(request: HttpRequest, form: Any) -> dict[str, Any]:
+    """The form's data and the permissions a policy asks about (signal authorization)."""
+    return {
+        **form.cleaned_data,
+        "may_signal": request.user.has_perm("workflows.signal_workflowinstance"),
+    }
 
 
 def bulk_action(
@@ -392,7 +406,7 @@ def bulk_action(
             action,
             tenant_of(request),
             [t for t in targets if t.run_id in allowed],
-            form.cleaned_data,
+            _with_permissions(request, form),
             operator_of(request),
         ),
     )
@@ -598,6 +612,14 @@ def deploy_page(request: HttpRequest) -> HttpResponse:
                 version=data.get("version"),
                 min_version=data.get("min_version") or 0,
                 retry_max_attempts=data.get("retry_max_attempts"),
+                child_binding=data.get("child_binding") or "",
+                child_versions=defs.parse_child_versions(data.get("child_versions") or ""),
+                plugin_dependencies=data.get("plugin_dependencies") or {},
+                allowed_signal_callers=[
+                    c.strip()
+                    for c in (data.get("allowed_signal_callers") or "").split(",")
+                    if c.strip()
+                ],
             )
         except svc.ServiceError as exc:
             form.add_error(exc.field if exc.field in form.fields else None, exc.message)

@@ -43,7 +43,7 @@ ALTER TABLE {TASK_CALL_TABLE} DISABLE ROW LEVEL SECURITY;
 
 class Migration(migrations.Migration):
     dependencies = [
-        ("workflows", "0007_claim_cached_plan"),
+        ("workflows", "0008_versions_and_policies"),
     ]
 
     operations = [

@@ -40,6 +40,7 @@ from engine.faults import crash_point
 from engine.session import ContinuedAsNew, Failed, SegmentResult, Suspended
 from engine.status import AbiStatus
 from engine.storage import RunRef
+from engine.versions import move_refusal
 from workflows.models import (
     TERMINAL_STATUSES,
     ConcurrencyKey,
@@ -330,6 +331,17 @@ def _row_converters() -> list[tuple[int, tuple[list[Any], Any]]]:
     return found
 
 
+def pinned_plugin_versions(tenant: uuid.UUID, definition_id: int) -> dict[str, str]:
+    """The plugin versions a definition's dependencies resolved to at deploy."""
+    with tenant_context(tenant):
+        pinned = (
+            WorkflowDefinition.objects.filter(id=definition_id)
+            .values_list("plugin_versions", flat=True)
+            .first()
+        )
+    return dict(pinned or {})
+
+
 def load_wasm(tenant: uuid.UUID, definition_id: int) -> bytes:
     with tenant_context(tenant):
         return bytes(
@@ -418,6 +430,11 @@ def apply_transition(
 ) -> WorkflowInstance | None:
     """Apply a transition of :mod:`engine.lifecycle` to a locked ``instance`` and save it;
     on a run's end, give back what it holds. Returns the successor it started, if any."""
+    if (
+        transition.successor is not None
+        and transition.successor.version != instance.definition_version
+    ):
+        transition = _checked_successor(instance, transition)
     instance.status = transition.status
     instance.waiting_on = transition.waiting_on
     instance.result = transition.result
@@ -568,16 +585,38 @@ def forget_failed_call(
     return step
 
 
+def _checked_successor(
+    instance: WorkflowInstance, transition: lifecycle.Transition
+) -> lifecycle.Transition:
+    """Continue-as-new to another version: the transition as decided when the target may
+    take the run over (:func:`engine.versions.move_refusal`), else the run fails with the
+    first incompatibility (or that the version is not deployed)."""
+    assert transition.successor is not None
+    target_version = transition.successor.version
+    target = WorkflowDefinition.objects.filter(
+        tenant_id=instance.tenant_id, name=instance.definition_name, version=target_version
+    ).first()
+    refusal = move_refusal(
+        instance.definition_name,
+        instance.definition.deployed_version,
+        target.deployed_version if target is not None else None,
+        target_version,
+        entry_point=instance.entry_point,
+    )
+    if refusal is None:
+        return transition
+    code, message = refusal
+    return lifecycle.successor_refused(instance.workflow_id, code.value, message)
+
+
 def _successor(
     instance: WorkflowInstance, spec: lifecycle.Successor, now: datetime
 ) -> WorkflowInstance:
     definition = instance.definition
     if spec.version != instance.definition_version:
-        found = WorkflowDefinition.objects.filter(
+        definition = WorkflowDefinition.objects.get(
             tenant_id=instance.tenant_id, name=instance.definition_name, version=spec.version
-        ).first()
-        if found is not None:
-            definition = found
+        )
     successor = WorkflowInstance.objects.create(
         tenant_id=instance.tenant_id,
         workflow_id=instance.workflow_id,

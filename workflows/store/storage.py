@@ -17,12 +17,13 @@ from datetime import datetime, timedelta
 from typing import Any
 
 from django.db import IntegrityError, connection, transaction
-from django.db.models import QuerySet
+from django.db.models import Q, QuerySet
 from django.utils import timezone
 
-from engine.errors import FenceLost, Refused, StorageError
+from engine.errors import Denied, FenceLost, Refused, StorageError
 from engine.events import EncodedEvent, Event, encode
 from engine.faults import crash_point
+from engine.policies import Quota, guest_signal_refusal, quota_refusal
 from engine.status import AbiStatus
 from engine.storage import (
     AcquireLock,
@@ -48,17 +49,26 @@ from engine.storage import (
     UpdateRequest,
     child_status,
 )
-from engine.versions import NoSuchVersion, choose_version
+from engine.versions import (
+    STABLE_TAG,
+    ChildBinding,
+    DeployedVersion,
+    NoSuchVersion,
+    choose_version,
+    resolve_child_version,
+)
 from workflows.models import (
     PRIORITY_MAX,
     PRIORITY_MIN,
     TERMINAL_STATUSES,
+    AuditLog,
     ConcurrencyKey,
     Invocation,
     Promise,
     RunStatus,
     Signal,
     TaskCall,
+    VersionTag,
     WorkflowDefinition,
     WorkflowEvent,
     WorkflowInstance,
@@ -68,6 +78,7 @@ from workflows.models import (
 from workflows.models import (
     UpdateRequest as UpdateRequestRow,
 )
+from workflows.policies import quotas_for, require_signal_auth
 from workflows.store import crons, wake
 from workflows.store.sql import queries
 from workflows.tenancy import tenant_context
@@ -266,14 +277,27 @@ class DjangoStorage:
         pending: Sequence[Event],
         record: Callable[[Any], Event],
     ) -> Any:
-        with tenant_context(self.tenant_id):
-            count = lock_fenced(run)
-            now = self.now()
-            # A refusal must leave nothing behind: run the mutation in a savepoint.
-            with transaction.atomic():
-                result = self._mutate(run, mutation, now)
-            append_locked(run, count, [*pending, record(result)], now)
-            return result
+        try:
+            with tenant_context(self.tenant_id):
+                count = lock_fenced(run)
+                now = self.now()
+                # A refusal must leave nothing behind: run the mutation in a savepoint.
+                with transaction.atomic():
+                    result = self._mutate(run, mutation, now)
+                append_locked(run, count, [*pending, record(result)], now)
+                return result
+        except Denied as denied:
+            # The refused change rolled back; its audit row is kept, in its own transaction.
+            with tenant_context(self.tenant_id):
+                AuditLog.objects.create(
+                    tenant_id=self.tenant_id,
+                    instance_id=run.run_id,
+                    action=denied.action,
+                    operator=f"run:{run.run_id}",
+                    reason=denied.message,
+                    detail=denied.detail,
+                )
+            raise
 
     def _mutate(self, ref: RunRef, m: Mutation, now: datetime) -> Any:
         tenant = self.tenant_id
@@ -317,6 +341,7 @@ class DjangoStorage:
                     .first()
                 )
                 if held is None:
+                    self._check_lock_quota(m, now)
                     try:
                         with transaction.atomic():
                             ConcurrencyKey.objects.create(
@@ -327,6 +352,7 @@ class DjangoStorage:
                     return True
                 if held.holder != m.holder and (held.expires_at is None or held.expires_at > now):
                     return False
+                self._check_lock_quota(m, now)
                 held.holder, held.expires_at, held.acquired_at = m.holder, expires, now
                 held.save(update_fields=["holder", "expires_at", "acquired_at"])
                 return True
@@ -357,6 +383,21 @@ class DjangoStorage:
                     raise Refused(
                         AbiStatus.DENIED, f"{m.target_id} does not accept signal {m.name!r}"
                     )
+                caller = (
+                    WorkflowInstance.objects.filter(id=ref.run_id)
+                    .values_list("definition_name", flat=True)
+                    .first()
+                ) or ""
+                refusal = guest_signal_refusal(
+                    require_auth=require_signal_auth(),
+                    allowed_callers=WorkflowDefinition.objects.filter(id=target.definition_id)
+                    .values_list("allowed_signal_callers", flat=True)
+                    .first(),
+                    caller=caller,
+                    target=target.definition_name,
+                )
+                if refusal is not None:
+                    raise Denied(refusal, "signal_denied", target=str(target.id), signal=m.name)
                 Signal.objects.create(
                     tenant_id=tenant,
                     instance_id=target.id,
@@ -431,7 +472,22 @@ class DjangoStorage:
     ) -> str:
         if WorkflowInstance.objects.filter(id=run_id).exists():
             return run_id  # the same step started it before a crash
-        definition = resolve_child_definition(self.tenant_id, name, version, parent_version)
+        if parent:
+            refusal = quota_refusal(
+                quotas_for(self.tenant_id),
+                Quota.CHILDREN,
+                WorkflowInstance.objects.filter(
+                    tenant_id=self.tenant_id, parent_id=ref.run_id
+                ).count(),
+            )
+            if refusal is not None:
+                raise Refused(AbiStatus.DENIED, refusal)
+        if parent:
+            definition = resolve_child_definition(
+                self.tenant_id, name, version, parent_version, ref.run_id
+            )
+        else:
+            definition = resolve_detached_definition(self.tenant_id, name)
         parent_row = WorkflowInstance.objects.filter(id=ref.run_id).values("task_queue").first()
         WorkflowInstance.objects.create(
             id=run_id,
@@ -452,6 +508,18 @@ class DjangoStorage:
         crash_point("child_start")  # the child row written, the start's transaction open
         wake.notify_after_commit()
         return run_id
+
+    def _check_lock_quota(self, m: AcquireLock, now: datetime) -> None:
+        """DENIED when the holder's other live locks fill the locks quota."""
+        holding = (
+            ConcurrencyKey.objects.filter(tenant_id=self.tenant_id, holder=m.holder)
+            .exclude(key=m.key)
+            .filter(Q(expires_at__isnull=True) | Q(expires_at__gt=now))
+            .count()
+        )
+        refusal = quota_refusal(quotas_for(self.tenant_id), Quota.LOCKS, holding)
+        if refusal is not None:
+            raise Refused(AbiStatus.DENIED, refusal)
 
     # --- reads ---------------------------------------------------------------------------------
 
@@ -639,18 +707,53 @@ def child_outcome(tenant: uuid.UUID, run_id: str) -> ChildOutcome | None:
 
 
 def resolve_child_definition(
-    tenant: uuid.UUID, name: str, version: int, parent_version: int
+    tenant: uuid.UUID, name: str, version: int, parent_version: int, parent_run_id: str = ""
 ) -> WorkflowDefinition:
-    """Explicit version; else the parent's version when the child has it; else the newest
-    non-deprecated version (:func:`engine.versions.choose_version`)."""
+    """The child's version by :func:`engine.versions.resolve_child_version`: an explicit
+    version, else the parent definition's binding policy, else the parent's version, else
+    the newest compatible one. ``NOT_FOUND`` to the guest when none qualifies."""
+    defs = WorkflowDefinition.objects.filter(tenant_id=tenant, name=name).defer("wasm")
+    parent = (
+        WorkflowDefinition.objects.filter(workflowinstance__id=parent_run_id)
+        .values("child_binding", "child_versions")
+        .first()
+        if parent_run_id
+        else None
+    ) or {}
+    binding = parent.get("child_binding") or ""
+    stable = None
+    if binding == ChildBinding.STABLE:
+        stable = (
+            VersionTag.objects.filter(tenant_id=tenant, name=name, tag=STABLE_TAG)
+            .values_list("version", flat=True)
+            .first()
+        )
+    try:
+        chosen = resolve_child_version(
+            name,
+            [
+                DeployedVersion(number, deprecated, minimum)
+                for number, deprecated, minimum in defs.values_list(
+                    "version", "deprecated", "min_version"
+                )
+            ],
+            version=version,
+            parent_version=parent_version,
+            binding=binding,
+            pins=parent.get("child_versions") or {},
+            stable=stable,
+        )
+    except NoSuchVersion as exc:
+        raise Refused(AbiStatus.NOT_FOUND, exc.message) from None
+    return defs.get(version=chosen)
+
+
+def resolve_detached_definition(tenant: uuid.UUID, name: str) -> WorkflowDefinition:
+    """A detached run's version: as any start from outside, the newest non-deprecated one
+    (:func:`engine.versions.choose_version`)."""
     defs = WorkflowDefinition.objects.filter(tenant_id=tenant, name=name).defer("wasm")
     try:
-        chosen = choose_version(
-            name,
-            dict(defs.values_list("version", "deprecated")),
-            version=version if version > 0 else None,
-            preferred=parent_version,
-        )
+        chosen = choose_version(name, dict(defs.values_list("version", "deprecated")))
     except NoSuchVersion as exc:
         raise Refused(AbiStatus.NOT_FOUND, exc.message) from None
     return defs.get(version=chosen)

@@ -397,6 +397,12 @@ class Context:
     def plugin(self, plugin: str, function: str, input: Any = None) -> Any:
         return _loads(_packed(_host.host.plugin_call, plugin, function, _dumps(input)))
 
+    def plugin_stream(self, plugin: str, function: str, input: Any = None) -> list[Any]:
+        """A streaming plugin call (``plugin_call_streaming``): the chunks, in order, each
+        recorded as it arrived, so a replay answers the same list without calling again."""
+        chunks = _loads(_packed(_host.host.plugin_call_streaming, plugin, function, _dumps(input)))
+        return list(chunks or [])
+
     # --- timers, signals ------------------------------------------------------------------
 
     def sleep(self, duration: Duration) -> None:

@@ -136,7 +136,10 @@ def test_child_options_choose_version_priority_and_policy() -> None:
     missing, bad_policy, a, b = env.result(parent)
     assert a == [0, '["\\"a\\"",1]']
     assert b == [0, '["\\"b\\"",2]']
-    assert missing == [AbiStatus.NOT_FOUND, "echo has no version 9"]
+    assert missing == [
+        AbiStatus.NOT_FOUND,
+        "unknown_definition: echo has no version 9 (asked for by the parent)",
+    ]
     assert bad_policy == [
         AbiStatus.PERMANENT,
         "parent_close_policy must be one of terminate, abandon, request_cancel, not 'orphan'",

@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 
 from engine.events import StateMutationEvent
+from engine.policies import Quotas
 from engine.status import AbiStatus
 from engine.testing import WorkflowEnvironment
 from tests.fixtures import assert_replays_quietly, event_types
@@ -315,14 +316,14 @@ def test_schedule_cron_over_the_quota_is_denied() -> None:
     create = f"(call $schedule_cron {w.s('report')} {w.s('@hourly')} {w.s('')} {w.js(None)})"
     w.run(f"(call $rec {create}) (call $rec {create}) (call $finish)")
     env = WorkflowEnvironment()
-    env.storage.schedule_quota = 1
+    env.storage.quotas = Quotas(schedules=1)
     env.deploy("report", Wat().run("(call $finish)").wasm())
     env.deploy("sched", w.wasm())
     run = env.run("sched")
 
     [(status, schedule_id), denied] = env.result(run)
     assert status == 0
-    assert denied == [AbiStatus.DENIED, "the tenant's quota of 1 schedules is reached"]
+    assert denied == [AbiStatus.DENIED, "quota schedules exceeded: at most 1 per tenant"]
     assert env.storage.schedules[schedule_id]["timezone"] == "UTC"
     assert len(env.storage.schedules) == 1
     assert_replays_quietly(env, run)

@@ -94,3 +94,35 @@ def test_the_registry_refuses_two_workflows_of_one_name(monkeypatch: pytest.Monk
 
         @workflow(name="order")
         def other(ctx: object, input: object) -> None: ...
+
+
+def test_plugin_stream_wraps_plugin_call_streaming(monkeypatch: pytest.MonkeyPatch) -> None:
+    """``ctx.plugin_stream`` calls the streaming import and answers its chunks as values; a
+    refusal raises the status's exception, as every call does."""
+    from cleat_workflow import Context, _host
+
+    seen: list[tuple[str, str, str]] = []
+
+    class Host:
+        def plugin_call_streaming(self, plugin: str, function: str, input: str) -> str:
+            seen.append((plugin, function, input))
+            return '[{"t":"he"},{"t":"llo"}]'
+
+    monkeypatch.setattr(_host, "host", Host())
+    ctx = Context("run")
+    assert ctx.plugin_stream("llm", "complete", {"prompt": "hi"}) == [{"t": "he"}, {"t": "llo"}]
+    assert seen == [("llm", "complete", '{"prompt":"hi"}')]
+
+    class Err(Exception):
+        def __init__(self, status: int, message: str) -> None:
+            self.value = type("V", (), {"status": status, "message": message})()
+
+    class DenyingHost:
+        def plugin_call_streaming(self, plugin: str, function: str, input: str) -> str:
+            raise Err(AbiStatus.DENIED, "plugin 'llm' may not be called by workflow 'x'")
+
+    monkeypatch.setattr(_host, "host", DenyingHost())
+    monkeypatch.setattr(_host, "Err", Err)
+    with pytest.raises(Exception, match="may not be called") as caught:
+        ctx.plugin_stream("llm", "complete")
+    assert type(caught.value).__name__ == "Denied"

@@ -15,7 +15,13 @@ class Command(BaseCommand):
 
     def add_arguments(self, parser: CommandParser) -> None:
         parser.add_argument("name")
-        parser.add_argument("--schedule-quota", type=int, default=100)
+        parser.add_argument(
+            "--schedule-quota",
+            type=int,
+            default=None,
+            help="most schedules the tenant may hold (default: CLEAT_MAX_SCHEDULES_PER_TENANT; "
+            "0: unlimited)",
+        )
 
     def handle(self, *args: Any, **options: Any) -> None:
         tenant = Tenant(name=options["name"], schedule_quota=options["schedule_quota"])

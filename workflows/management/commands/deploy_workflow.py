@@ -8,8 +8,13 @@ from typing import Any
 import wasmtime
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
+from engine.versions import ChildBinding
 from workflows.api.parsers import max_module_bytes
-from workflows.definitions import deploy_definition
+from workflows.definitions import (
+    deploy_definition,
+    parse_child_versions,
+    parse_plugin_dependencies,
+)
 from workflows.management.commands._common import (
     VersionOptionMixin,
     add_tenant_argument,
@@ -29,6 +34,36 @@ class Command(VersionOptionMixin, BaseCommand):
         parser.add_argument("--min-version", type=int, default=0)
         parser.add_argument(
             "--max-history", type=int, default=0, help="events before continue-as-new"
+        )
+        parser.add_argument(
+            "--child-binding",
+            default="",
+            choices=[b.value for b in ChildBinding if b.value],
+            help="how this version's children get their versions (default: the parent's "
+            "version, else the newest compatible)",
+        )
+        parser.add_argument(
+            "--child-version",
+            action="append",
+            default=[],
+            metavar="NAME=VERSION",
+            help="with --child-binding frozen: pin a child workflow's version (repeatable)",
+        )
+        parser.add_argument(
+            "--signal-caller",
+            action="append",
+            default=[],
+            metavar="WORKFLOW",
+            help="a workflow whose runs may signal this version's runs while "
+            "CLEAT_REQUIRE_SIGNAL_AUTH is on (repeatable; none: no workflow may)",
+        )
+        parser.add_argument(
+            "--plugin",
+            action="append",
+            default=[],
+            metavar="NAME:CONSTRAINT",
+            help="a plugin dependency with its semver constraint, e.g. 'llm:>=1.2.0' "
+            "(repeatable), resolved now to the newest configured version that satisfies it",
         )
         add_tenant_argument(parser)
 
@@ -54,6 +89,7 @@ class Command(VersionOptionMixin, BaseCommand):
             except (wasmtime.WasmtimeError, UnicodeDecodeError) as exc:
                 raise CommandError(f"{path} is not valid WAT: {exc}") from None
         try:
+            pins = parse_child_versions(options["child_version"])
             definition = deploy_definition(
                 tenant,
                 options["name"],
@@ -61,6 +97,10 @@ class Command(VersionOptionMixin, BaseCommand):
                 version=options["def_version"],
                 min_version=options["min_version"],
                 max_history_length=options["max_history"],
+                child_binding=options["child_binding"],
+                child_versions=pins,
+                allowed_signal_callers=options["signal_caller"],
+                plugin_dependencies=parse_plugin_dependencies(options["plugin"]),
             )
         except ServiceError as exc:
             raise fail(exc) from None
