@@ -293,7 +293,9 @@ def main() -> None:
     up.add_argument("--port", type=int, default=8000)
     up.set_defaults(func=cmd_up)
     test = sub.add_parser("test", help="set up and run lint, type checks and all tests")
-    test.add_argument("pytest_args", nargs="*", help="passed to pytest (skips lint when given)")
+    test.add_argument(
+        "pytest_args", nargs=argparse.REMAINDER, help="passed to pytest (skips lint when given)"
+    )
     test.set_defaults(func=cmd_test)
     args = parser.parse_args()
     args.func(args)

@@ -254,7 +254,7 @@ class ScheduleAdmin(TenantScopedAdmin):
             else ""
         )
         return format_html(
-            '<a href="{}"><code>{}…</code></a> {} ({})',
+            '<a href="{}"><code>{}…</code></a> <span class="nowrap">{}</span> ({})',
             url,
             str(obj.last_run_id)[:8],
             when,

@@ -378,7 +378,8 @@ def render(rows: Sequence[EncodedEvent], start_ms: int, end: RunEnd, *, title: s
         out.append(_row(item, index, row_h, x))
     if end.at_ms is not None:
         colour = COLOURS["done"] if end.status == "done" else COLOURS["failed"]
-        text = end.status if not end.error_code else f"{end.status}: {end.error_code}"
+        shown = end.status.replace("_", "-")
+        text = shown if not end.error_code else f"{shown}: {end.error_code}"
         ex = x(end.at_ms)
         out.append(
             f'<g class="tl-end tl-end-{escape(end.status)}"><line x1="{ex:.1f}" y1="{TOP - 4}" '
