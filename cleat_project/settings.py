@@ -169,7 +169,11 @@ REST_FRAMEWORK = {
     "DEFAULT_PERMISSION_CLASSES": ["workflows.api.permissions.HasRole"],
     "DEFAULT_THROTTLE_CLASSES": ["workflows.api.throttling.ApiKeyRateThrottle"],
     # Per API key; empty disables throttling.
-    "DEFAULT_THROTTLE_RATES": {"api_key": env.str("CLEAT_API_RATE", default="1200/min") or None},
+    "DEFAULT_THROTTLE_RATES": {
+        "api_key": env.str("CLEAT_API_RATE", default="1200/min") or None,
+        # Outcomes that Celery workers outside the project post (docs/celery.md), per address.
+        "task_outcome": env.str("CLEAT_TASK_OUTCOME_RATE", default="6000/min") or None,
+    },
     "DEFAULT_PARSER_CLASSES": ["workflows.api.parsers.LimitedJSONParser"],
     "DEFAULT_RENDERER_CLASSES": [
         "rest_framework.renderers.JSONRenderer",

@@ -13,14 +13,19 @@ from __future__ import annotations
 import json
 from typing import Any
 
+from drf_spectacular.utils import OpenApiParameter, extend_schema, inline_serializer
+from rest_framework import serializers
 from rest_framework import status as http
 from rest_framework.permissions import AllowAny
 from rest_framework.request import Request
 from rest_framework.response import Response
+from rest_framework.throttling import AnonRateThrottle
 from rest_framework.views import APIView
 
 from engine.status import AbiStatus
 from engine.task_calls import Disposition
+from workflows.api.errors import error_body
+from workflows.api.serializers import ErrorSerializer
 from workflows.store import task_calls
 
 TOKEN_HEADER = "X-Cleat-Task-Token"
@@ -33,22 +38,65 @@ STATUSES = {
 
 
 def _bad(field: str, message: str) -> Response:
-    return Response(
-        {"error": {"code": "invalid", "field": field, "message": message}},
-        status=http.HTTP_400_BAD_REQUEST,
-    )
+    return Response(error_body("invalid", message, field), status=http.HTTP_400_BAD_REQUEST)
+
+
+OUTCOME_REQUEST = inline_serializer(
+    "TaskOutcome",
+    {
+        "status": serializers.ChoiceField(choices=list(STATUSES)),
+        "result": serializers.JSONField(required=False, help_text="The task's result (ok)."),
+        "error": serializers.CharField(required=False, help_text="The failure's message."),
+    },
+)
+OUTCOME_RESPONSE = inline_serializer(
+    "TaskOutcomeRecorded",
+    {"outcome": serializers.ChoiceField(choices=["recorded", "duplicate", "stale"])},
+)
+
+
+class TaskOutcomeThrottle(AnonRateThrottle):
+    """Per client address (the caller has no key): ``CLEAT_TASK_OUTCOME_RATE``."""
+
+    scope = "task_outcome"
 
 
 class TaskOutcomeView(APIView):
     authentication_classes: list[Any] = []
     permission_classes = [AllowAny]
-    throttle_classes: list[Any] = []
+    throttle_classes = [TaskOutcomeThrottle]
 
+    @extend_schema(
+        operation_id="task_call_outcome",
+        summary="Report the outcome of a task cleat sent as a durable call",
+        request=OUTCOME_REQUEST,
+        responses={
+            200: OUTCOME_RESPONSE,
+            400: ErrorSerializer,
+            401: ErrorSerializer,
+            403: ErrorSerializer,
+            404: ErrorSerializer,
+            413: ErrorSerializer,
+            415: ErrorSerializer,
+            429: ErrorSerializer,
+        },
+        parameters=[
+            OpenApiParameter(
+                TOKEN_HEADER,
+                str,
+                OpenApiParameter.HEADER,
+                required=True,
+                description="The call's token, from the task's cleat_call header.",
+            )
+        ],
+        auth=[],
+        tags=["task-calls"],
+    )
     def post(self, request: Request, tenant: Any, task_id: Any) -> Response:
         token = request.headers.get(TOKEN_HEADER, "")
         if not token:
             return Response(
-                {"error": {"code": "not_authenticated", "message": f"{TOKEN_HEADER} is required"}},
+                error_body("not_authenticated", f"{TOKEN_HEADER} is required"),
                 status=http.HTTP_401_UNAUTHORIZED,
             )
         body = request.data
@@ -70,7 +118,7 @@ class TaskOutcomeView(APIView):
         verdict = task_calls.report_outcome(tenant, str(task_id), token, status, payload)
         if verdict is Disposition.REFUSED:
             return Response(
-                {"error": {"code": "permission_denied", "message": "the token does not match"}},
+                error_body("permission_denied", "the token does not match"),
                 status=http.HTTP_403_FORBIDDEN,
             )
         return Response({"outcome": verdict.value})
