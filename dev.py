@@ -239,8 +239,9 @@ def cmd_test(args: argparse.Namespace) -> None:
     if args.pytest_args:
         step("pytest", [PY, "-m", "pytest", *args.pytest_args])
     else:
-        say("starting local services (PostgreSQL, MariaDB)")
-        run(["bash", ROOT / "scripts" / "services.sh", "postgres", "mariadb"])
+        # The Celery tests use RabbitMQ and Redis as brokers.
+        say("starting local services (PostgreSQL, MariaDB, Redis, RabbitMQ)")
+        run(["bash", ROOT / "scripts" / "services.sh", "postgres", "mariadb", "redis", "rabbitmq"])
         # Python components are ~20 MB; MariaDB's default statement limit is 16 MB.
         run(
             [
