@@ -41,6 +41,7 @@ JOBS = 4
 # Long enough that a worker on a loaded machine does not reap its own runs; short enough that
 # a crashed worker's runs come back within seconds.
 LEASE_S = 3.0
+RECHECK_S = "5"
 
 
 @pytest.fixture
@@ -63,6 +64,11 @@ def worker(
     tmp_path: Path, name: str, ledger: Ledger, *args: str, url: str | None = None, **env: str
 ) -> WorkerProcess:
     extra = {"DATABASE_URL": url} if url else {}
+    # A waiting run is looked at again after this long even if no wake-up came. A worker that
+    # dies between a child's (or a signal's) commit and its wake of the waiting run -- a crash
+    # point in another thread, a kill -- leaves that run to this re-check (300 s by default):
+    # short here, so the scenarios see the recovery they rely on.
+    extra["CLEAT_WAIT_RECHECK_SECONDS"] = RECHECK_S
     return WorkerProcess(
         tmp_path / f"{name}.log",
         ["--worker-id", name, "--poll-interval", "0.2", "--lease", str(LEASE_S), *args],
