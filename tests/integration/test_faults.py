@@ -174,6 +174,8 @@ def test_a_slow_or_broken_network_loses_nothing(
         worker(tmp_path, "net-a", ledger, url=url) as a,
         worker(tmp_path, "net-b", ledger, url=url) as b,
     ):
+        for w in (a, b):  # past start-up (a worker that cannot start exits, by design)
+            w.wait_for_log("event=worker_started", 60)
         if mode == "delay":
             proxy.delay(0.01)
         else:
@@ -209,6 +211,7 @@ def test_a_partitioned_worker_is_fenced_out_when_it_comes_back(
     workload.start_jobs(JOBS)
     ledger.hold(30)
     with worker(tmp_path, "island", ledger, url=proxied_url(proxy)) as island:
+        island.wait_for_log("event=worker_started", 60)
         wait_until(lambda: ledger.held >= 1, 30, "a ledger call in flight")
         proxy.pause()
         ledger.release()
@@ -323,6 +326,8 @@ def test_the_database_restarting_mid_run_loses_nothing(
         worker(tmp_path, "restart-a", ledger, url=url) as a,
         worker(tmp_path, "restart-b", ledger, url=url) as b,
     ):
+        for w in (a, b):  # past start-up (a worker that cannot start exits, by design)
+            w.wait_for_log("event=worker_started", 60)
         wait_until(lambda: len(ledger.entries) >= 2, 30, "the first calls made")
         connection.close()
         own_cluster.restart(down_s=1.0, mode="fast")
