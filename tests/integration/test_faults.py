@@ -7,7 +7,8 @@ schedule instant fired exactly once.
 
 The workload (``support.faults.Workload``) passes every crash point: ledger calls and their
 appends, a child start, a continue-as-new, finalizes, schedule firings. Crash points run on
-PostgreSQL and MariaDB; the proxy, the skew and the restart on PostgreSQL.
+PostgreSQL and MariaDB; the proxy, the skew and the restart on PostgreSQL (``postgres_only``).
+The SQLite pass leaves the module out (``server_db``).
 """
 
 from __future__ import annotations
@@ -161,6 +162,7 @@ def proxied_url(proxy: FaultyProxy) -> str:
     return database_url().replace(f":{db['PORT'] or 5432}/", f":{proxy.port}/")
 
 
+@pytest.mark.postgres_only
 @pytest.mark.parametrize("mode", ["delay", "drop", "cut"])
 def test_a_slow_or_broken_network_loses_nothing(
     mode: str, workload: Workload, ledger: Ledger, proxy: FaultyProxy, tmp_path: Path
@@ -201,6 +203,7 @@ def test_a_slow_or_broken_network_loses_nothing(
         assert proxy.stats.dropped >= 1, proxy.stats
 
 
+@pytest.mark.postgres_only
 def test_a_partitioned_worker_is_fenced_out_when_it_comes_back(
     workload: Workload, ledger: Ledger, proxy: FaultyProxy, tmp_path: Path
 ) -> None:
@@ -231,6 +234,7 @@ def test_a_partitioned_worker_is_fenced_out_when_it_comes_back(
 # --- clock skew (PostgreSQL) ---------------------------------------------------------------------
 
 
+@pytest.mark.postgres_only
 def test_two_workers_sixty_seconds_apart_race_on_runs_schedules_and_leases(
     workload: Workload, ledger: Ledger, tmp_path: Path
 ) -> None:
@@ -309,6 +313,7 @@ def own_cluster(transactional_db: Any) -> Iterator[Any]:
             connection.settings_dict.update(saved)
 
 
+@pytest.mark.postgres_only
 def test_the_database_restarting_mid_run_loses_nothing(
     own_cluster: Any, ledger: Ledger, tmp_path: Path
 ) -> None:
