@@ -133,7 +133,12 @@ def _soak(cluster: object, rng: random.Random, seed: int, args: argparse.Namespa
             serial += 1
             name = f"w{serial}"
             through_proxy = not healthy and rng.random() < 0.6
-            extra = {"DATABASE_URL": proxied if through_proxy else direct}
+            # The re-check of waiting runs (300 s by default) is what recovers a wake-up lost
+            # to a worker dying between a child's commit and its wake of the parent.
+            extra = {
+                "DATABASE_URL": proxied if through_proxy else direct,
+                "CLEAT_WAIT_RECHECK_SECONDS": "5",
+            }
             if not healthy:
                 skew = rng.choice((0, 0, 30, -30, rng.uniform(-30, 30)))
                 if skew:

@@ -1,7 +1,11 @@
-"""A wake-up that arrives while the woken run's finalize is in flight is not lost (found by
-the fault soak, ``bench/soak.py``): the child completes, and its wake of the parent runs,
-between the parent's finalize looking for arrived wake-ups and its commit. The wake must wait
-for the finalize and then make the parent due, not skip it as ``running``."""
+"""Wake-ups are not lost (both found by the fault soak, ``bench/soak.py``):
+
+* one that arrives while the woken run's finalize is in flight -- the child completes, and
+  its wake of the parent runs, between the parent's finalize looking for arrived wake-ups
+  and its commit -- waits for the finalize and then makes the parent due, not skip it as
+  ``running``;
+* one whose connection breaks just after the satisfying commit is tried again on a new one.
+"""
 
 from __future__ import annotations
 
@@ -20,7 +24,7 @@ from workflows.models import RunStatus, Tenant, WorkflowInstance
 from workflows.store import wake
 from workflows.tenancy import tenant_context
 
-pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.postgres_only]
+pytestmark = pytest.mark.django_db(transaction=True)
 
 
 def waiting_on_lock(pid: int) -> bool:
@@ -30,6 +34,7 @@ def waiting_on_lock(pid: int) -> bool:
     return bool(row and row[0] == "Lock")
 
 
+@pytest.mark.postgres_only
 def test_a_wake_during_the_finalize_waits_for_it_and_wakes_the_run(tenant: Tenant) -> None:
     w = Wat()
     w.run("(call $finish)")
@@ -74,3 +79,33 @@ def test_a_wake_during_the_finalize_waits_for_it_and_wakes_the_run(tenant: Tenan
     with tenant_context(tenant.id):
         row = WorkflowInstance.objects.get(id=run.id)
     assert row.status == RunStatus.READY and row.next_wake_at < later
+
+
+def test_a_wake_whose_connection_broke_is_tried_again(
+    tenant: Tenant, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from django.db import OperationalError, transaction
+
+    w = Wat()
+    w.run("(call $finish)")
+    definitions.deploy_definition(tenant, "idle", w.wasm())
+    run, _ = services.start_workflow(tenant, "idle")
+    later = timezone.now() + timedelta(minutes=5)
+    with tenant_context(tenant.id):
+        WorkflowInstance.objects.filter(id=run.id).update(next_wake_at=later)
+    real = wake.wake_now
+    failures = [OperationalError("server closed the connection unexpectedly")] * 2
+
+    def flaky(*args: Any) -> bool:
+        if failures:
+            raise failures.pop()
+        return real(*args)
+
+    monkeypatch.setattr(wake, "wake_now", flaky)
+    monkeypatch.setattr(wake, "WAKE_RETRY_S", (0.0, 0.0, 0.0))
+    with transaction.atomic():
+        wake.after_commit(tenant.id, run.id)
+    assert not failures
+    with tenant_context(tenant.id):
+        row = WorkflowInstance.objects.get(id=run.id)
+    assert row.next_wake_at < later, "the wake was given up after a broken connection"

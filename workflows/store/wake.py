@@ -17,9 +17,10 @@ finalize's look is seen by it.
 from __future__ import annotations
 
 import logging
+import time
 import uuid
 
-from django.db import connection, transaction
+from django.db import DatabaseError, connection, transaction
 from django.utils import timezone
 
 from workflows.models import RunStatus, WorkflowInstance
@@ -62,12 +63,33 @@ def wake_now(tenant: uuid.UUID, instance_id: uuid.UUID | str) -> bool:
     return bool(woken)
 
 
+# A wake that fails -- the connection broke just after the satisfying commit (a restart, a
+# cut) -- is tried again on a new connection after each pause; only if the database stays
+# away that long is the run left to its periodic re-check. Without the retries a child that
+# finished as the database restarted left its parent asleep for CLEAT_WAIT_RECHECK_SECONDS
+# (found by the fault soak).
+WAKE_RETRY_S = (0.2, 0.5, 1.0, 2.0)
+
+
 def after_commit(tenant: uuid.UUID, instance_id: uuid.UUID | str) -> None:
     def run() -> None:
-        try:
-            wake_now(tenant, instance_id)
-        except Exception:  # the periodic re-check recovers a missed wake
-            log.exception("could not wake run %s", instance_id)
+        for attempt, pause in enumerate((0.0, *WAKE_RETRY_S)):
+            time.sleep(pause)
+            try:
+                wake_now(tenant, instance_id)
+                return
+            except DatabaseError as exc:
+                log.warning(
+                    "event=wake_retry run=%s attempt=%d detail=%r", instance_id, attempt, str(exc)
+                )
+                if not connection.in_atomic_block:
+                    connection.close()  # the next try opens a new one
+            except Exception:  # the periodic re-check recovers a missed wake
+                log.exception("could not wake run %s", instance_id)
+                return
+        log.error(
+            "could not wake run %s (the database stayed away; its re-check will)", instance_id
+        )
 
     transaction.on_commit(run)
 
