@@ -252,3 +252,13 @@ CLEAT_SCHEDULER_IN_WORKER = env.bool("CLEAT_SCHEDULER_IN_WORKER", default=True)
 CLEAT_SCHEDULE_MISFIRE_GRACE_SECONDS = env.float(
     "CLEAT_SCHEDULE_MISFIRE_GRACE_SECONDS", default=60.0
 )
+# Retention (workflows/retention.py, docs/operations.md "Data lifetime"): days each kind of
+# data is kept, or "off" to keep it forever; tenants and definitions override them in the
+# admin and through /api/v1/retention. The worker purges every CLEAT_PURGE_INTERVAL_SECONDS
+# (0: never; run `manage.py purge` instead).
+CLEAT_RETAIN_FINISHED_DAYS = env.str("CLEAT_RETAIN_FINISHED_DAYS", default="30")
+CLEAT_RETAIN_DEAD_LETTERED_DAYS = env.str("CLEAT_RETAIN_DEAD_LETTERED_DAYS", default="90")
+CLEAT_RETAIN_START_KEYS_DAYS = env.str("CLEAT_RETAIN_START_KEYS_DAYS", default="30")
+CLEAT_RETAIN_SERVICE_KEYS_DAYS = env.str("CLEAT_RETAIN_SERVICE_KEYS_DAYS", default="30")
+CLEAT_RETAIN_AUDIT_DAYS = env.str("CLEAT_RETAIN_AUDIT_DAYS", default="365")
+CLEAT_PURGE_INTERVAL_SECONDS = env.float("CLEAT_PURGE_INTERVAL_SECONDS", default=3600.0)

@@ -12,7 +12,11 @@ class WorkflowsConfig(AppConfig):
     default_auto_field = "django.db.models.BigAutoField"
 
     def ready(self) -> None:
+        from workflows import duties, retention
+
         checks.register(check_fetch_allow_list)
+        checks.register(check_retention_settings)
+        duties.register("retention", retention.worker_duty)
 
 
 def check_fetch_allow_list(app_configs: Any = None, **kwargs: Any) -> list[checks.CheckMessage]:
@@ -30,3 +34,17 @@ def check_fetch_allow_list(app_configs: Any = None, **kwargs: Any) -> list[check
         except ValueError as exc:
             errors.append(checks.Error(str(exc), id="workflows.E001", obj="CLEAT_FETCH_ALLOW"))
     return errors
+
+
+def check_retention_settings(app_configs: Any = None, **kwargs: Any) -> list[checks.CheckMessage]:
+    """Every ``CLEAT_RETAIN_*`` setting must be days or ``off``: a worker refuses to start
+    on a period it cannot read, rather than purge by a rule nobody meant."""
+    from django.core.exceptions import ImproperlyConfigured
+
+    from workflows.retention import default_policy
+
+    try:
+        default_policy()
+    except ImproperlyConfigured as exc:
+        return [checks.Error(str(exc), id="workflows.E002", obj="CLEAT_RETAIN_*")]
+    return []

@@ -43,6 +43,7 @@ WORKFLOW_TABLES = (
     "workflows_workflowstate",
     "workflows_invocation",
     "workflows_auditlog",
+    "workflows_retentionpolicy",
 )
 
 _tenant_tables: dict[str, tuple[str, ...]] = {"workflows": WORKFLOW_TABLES}
