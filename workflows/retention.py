@@ -52,7 +52,7 @@ from django.conf import settings
 from django.core.exceptions import ImproperlyConfigured
 from django.db import close_old_connections, connection, models, transaction
 from django.db.models import Exists, OuterRef, Q, Value
-from django.db.models.functions import Concat
+from django.db.models.functions import Concat, Substr
 from django.utils import timezone
 
 from workflows.duties import WorkerContext
@@ -371,13 +371,14 @@ class _Purge:
             ).update(purge_batch=batch)
             # Under the locks: a child reopened (or a call queued) since the read above keeps
             # its parent. A reopen locks the parent first, so it cannot slip in between.
+            marked = runs.filter(purge_batch=batch).values("pk")
             keep = set(
-                runs.filter(parent__purge_batch=batch)
+                runs.filter(parent_id__in=marked)
                 .exclude(status__in=TERMINAL_STATUSES)
                 .values_list("parent_id", flat=True)
             ) | set(
                 of_tenant(Invocation, self.tenant.id)
-                .filter(instance__purge_batch=batch, status=Invocation.State.PENDING)
+                .filter(instance_id__in=marked, status=Invocation.State.PENDING)
                 .values_list("instance_id", flat=True)
             )
             if keep:
@@ -430,11 +431,8 @@ class _Purge:
             (
                 WorkflowState._meta.db_table,
                 of_tenant(WorkflowState, t).filter(
-                    ~Exists(
-                        others.annotate(scope=Concat(Value("wf:"), "workflow_id")).filter(
-                            scope=OuterRef("scope")
-                        )
-                    ),
+                    # workflow_id = the scope without "wf:", so the workflow id index serves.
+                    ~Exists(others.filter(workflow_id=Substr(OuterRef("scope"), 4))),
                     scope__in=scopes,
                     updated_at__lt=self.now,
                 ),
@@ -454,13 +452,14 @@ class _Purge:
         runs = Q(purge_batch=batch)
         steps: list[_Step] = [_Step(table, rows) for table, rows in self._owned(runs)]
         # What outlives the runs no longer points at them (the foreign keys' SET_NULL).
+        marked = of_tenant(WorkflowInstance, t).filter(runs).values("pk")
         steps += [
             _Step(None, rows, {column: None})
             for rows, column in (
-                (of_tenant(AuditLog, t).filter(instance__purge_batch=batch), "instance"),
-                (of_tenant(WorkflowInstance, t).filter(parent__purge_batch=batch), "parent"),
+                (of_tenant(AuditLog, t).filter(instance_id__in=marked), "instance"),
+                (of_tenant(WorkflowInstance, t).filter(parent_id__in=marked), "parent"),
                 (
-                    of_tenant(WorkflowInstance, t).filter(continued_from__purge_batch=batch),
+                    of_tenant(WorkflowInstance, t).filter(continued_from_id__in=marked),
                     "continued_from",
                 ),
             )
