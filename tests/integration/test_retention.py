@@ -650,3 +650,33 @@ def test_api_changing_the_policy_needs_the_admin_role(tenant: Tenant) -> None:
     assert client.get("/api/v1/retention").status_code == 200
     response = client.put("/api/v1/retention", {}, content_type="application/json")
     assert response.status_code == 403
+
+
+# --- the admin -----------------------------------------------------------------------------------
+
+
+def test_the_admin_saves_policies_with_an_audit_row_and_refuses_bad_values(tenant: Tenant) -> None:
+    from django.contrib.auth import get_user_model
+
+    user = get_user_model().objects.create_superuser("ret", "ret@example.com", "pw-12345678")
+    client = Client()
+    client.force_login(user)
+    url = "/admin/workflows/retentionpolicy/add/"
+    fields = {
+        "definition_name": "",
+        "finished_days": "7",
+        "dead_lettered_days": "off",
+        "start_keys_days": "",
+        "service_keys_days": "",
+        "audit_days": "",
+    }
+    assert client.post(url, fields).status_code == 302
+    assert retention.tenant_policies(tenant.id).tenant.finished == 7
+    assert retention.tenant_policies(tenant.id).tenant.dead_lettered is None
+    assert rows_of(tenant, AuditLog, action="retention_policy") == 1
+
+    refused = client.post(url, {**fields, "definition_name": "orders", "audit_days": "3"})
+    assert refused.status_code == 200 and b"kept per tenant" in refused.content
+    refused = client.post(url, {**fields, "definition_name": "orders", "finished_days": "soon"})
+    assert refused.status_code == 200 and b"number of days" in refused.content
+    assert rows_of(tenant, RetentionPolicy) == 1
