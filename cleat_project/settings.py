@@ -301,3 +301,13 @@ CLEAT_SCHEDULE_MISFIRE_GRACE_SECONDS = env.float(
 # arm (e.g. "after_call:3") and an offset of this process's clock. Never set in production.
 CLEAT_TEST_CRASH_AT = env.str("CLEAT_TEST_CRASH_AT", default="")
 CLEAT_TEST_CLOCK_OFFSET_SECONDS = env.float("CLEAT_TEST_CLOCK_OFFSET_SECONDS", default=0.0)
+# Retention (workflows/retention.py, docs/operations.md "Data lifetime"): days each kind of
+# data is kept, or "off" to keep it forever; tenants and definitions override them in the
+# admin and through /api/v1/retention. The worker purges every CLEAT_PURGE_INTERVAL_SECONDS
+# (0: never; run `manage.py purge` instead).
+CLEAT_RETAIN_FINISHED_DAYS = env.str("CLEAT_RETAIN_FINISHED_DAYS", default="30")
+CLEAT_RETAIN_DEAD_LETTERED_DAYS = env.str("CLEAT_RETAIN_DEAD_LETTERED_DAYS", default="90")
+CLEAT_RETAIN_START_KEYS_DAYS = env.str("CLEAT_RETAIN_START_KEYS_DAYS", default="30")
+CLEAT_RETAIN_SERVICE_KEYS_DAYS = env.str("CLEAT_RETAIN_SERVICE_KEYS_DAYS", default="30")
+CLEAT_RETAIN_AUDIT_DAYS = env.str("CLEAT_RETAIN_AUDIT_DAYS", default="365")
+CLEAT_PURGE_INTERVAL_SECONDS = env.float("CLEAT_PURGE_INTERVAL_SECONDS", default=3600.0)

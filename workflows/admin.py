@@ -45,6 +45,7 @@ from workflows.console.display import (
 from workflows.console.scoping import TenantScopedAdmin
 from workflows.models import (
     AuditLog,
+    RetentionPolicy,
     StaffTenant,
     Tenant,
     VersionTag,
@@ -386,6 +387,36 @@ class AuditLogAdmin(ReadOnlyAdmin):
             views.instance_url(obj.instance_id),
             str(obj.instance_id)[:8],
         )
+
+
+@admin.register(RetentionPolicy)
+class RetentionPolicyAdmin(TenantScopedAdmin):
+    """The tenant's retention policy (the row without a definition name) and its
+    definitions' overrides; saved through workflows.retention, with an audit row."""
+
+    list_display = (
+        "__str__",
+        "finished_days",
+        "dead_lettered_days",
+        "start_keys_days",
+        "service_keys_days",
+        "audit_days",
+        "updated_at",
+    )
+    fields = (
+        "definition_name",
+        "finished_days",
+        "dead_lettered_days",
+        "start_keys_days",
+        "service_keys_days",
+        "audit_days",
+    )
+
+    def save_model(self, request: HttpRequest, obj: Any, form: Any, change: bool) -> None:
+        from workflows import retention
+
+        obj.tenant = views.tenant_of(request)
+        retention.save_policy(obj, views.operator_of(request))
 
 
 class SuperuserOnly(admin.ModelAdmin):

@@ -14,13 +14,15 @@ class WorkflowsConfig(AppConfig):
     def ready(self) -> None:
         from django.conf import settings
 
-        from workflows import celery_calls, duties, faults
+        from workflows import celery_calls, duties, faults, retention
         from workflows.maintenance import reaper_duty
 
         checks.register(check_fetch_allow_list)
+        checks.register(check_retention_settings)
         celery_calls.register()
         # First, so a pass of the loop reaps before the apps' duties (and the claim) run.
         duties.register("reaper", reaper_duty)
+        duties.register("retention", retention.worker_duty)
         # Test-only fault injection; both settings are empty in production (nothing happens).
         faults.install(
             getattr(settings, "CLEAT_TEST_CRASH_AT", ""),
@@ -43,3 +45,17 @@ def check_fetch_allow_list(app_configs: Any = None, **kwargs: Any) -> list[check
         except ValueError as exc:
             errors.append(checks.Error(str(exc), id="workflows.E001", obj="CLEAT_FETCH_ALLOW"))
     return errors
+
+
+def check_retention_settings(app_configs: Any = None, **kwargs: Any) -> list[checks.CheckMessage]:
+    """Every ``CLEAT_RETAIN_*`` setting must be days or ``off``: a worker refuses to start
+    on a period it cannot read, rather than purge by a rule nobody meant."""
+    from django.core.exceptions import ImproperlyConfigured
+
+    from workflows.retention import default_policy
+
+    try:
+        default_policy()
+    except ImproperlyConfigured as exc:
+        return [checks.Error(str(exc), id="workflows.E002", obj="CLEAT_RETAIN_*")]
+    return []

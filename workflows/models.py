@@ -16,6 +16,7 @@ import uuid
 from typing import Any
 
 from django.conf import settings
+from django.core.exceptions import ValidationError
 from django.core.validators import MaxValueValidator, MinValueValidator, RegexValidator
 from django.db import models
 from django.utils import timezone
@@ -362,6 +363,10 @@ class WorkflowInstance(TenantScoped):
     # Paused because its tenant was deactivated (reactivation resumes these, and only these:
     # a run an operator paused stays paused).
     paused_by_deactivation = models.BooleanField(default=False)
+    # The batch of the retention purge (workflows/retention.py) that took this run: it then
+    # deletes what the run owns over several short transactions, and an operator's retry or
+    # re-replay refuses it, so a run is never reopened with half its history gone.
+    purge_batch = models.CharField(max_length=32, null=True, blank=True, editable=False)
     created_at = models.DateTimeField(default=timezone.now)
     updated_at = models.DateTimeField(auto_now=True)
     started_at = models.DateTimeField(null=True, blank=True)
@@ -385,6 +390,9 @@ class WorkflowInstance(TenantScoped):
                 fields=["tenant", "status", "task_queue", "-priority", "next_wake_at"],
                 name="instance_tenant_due",
             ),
+            # The retention purge: a tenant's finished runs of one status, oldest end first.
+            models.Index(fields=["tenant", "status", "completed_at"], name="instance_retention"),
+            models.Index(fields=["tenant", "purge_batch"], name="instance_purge_batch"),
         ]
         ordering = ["-created_at"]
         permissions = [
@@ -636,6 +644,68 @@ class AuditLog(TenantScoped):
             reason=reason,
             detail=detail,
         )
+
+
+RETAIN_OFF = "off"
+
+
+# A retention period as stored: empty (inherit), ``off`` (keep forever) or whole days.
+retention_days_validator = RegexValidator(
+    r"^(|off|[0-9]{1,6})$", "Give a number of days, 'off' (keep forever) or nothing (inherit)."
+)
+
+
+def _days_field(what: str) -> models.CharField:
+    return models.CharField(
+        max_length=8,
+        blank=True,
+        default="",
+        validators=[retention_days_validator],
+        help_text=f"Days {what} are kept; 'off' keeps them forever; empty inherits.",
+    )
+
+
+class RetentionPolicy(TenantScoped):
+    """How long a tenant's data is kept, overriding the ``CLEAT_RETAIN_*`` settings: the row
+    with an empty ``definition_name`` for the whole tenant, a row naming a definition for
+    that definition's runs (which inherit what it leaves empty from the tenant's row).
+    ``manage.py purge`` and the worker's retention duty apply them (workflows/retention.py).
+    """
+
+    definition_name = models.CharField(
+        max_length=128,
+        blank=True,
+        default="",
+        help_text="Empty: the tenant's policy; a definition's name: that definition's runs.",
+    )
+    finished_days = _days_field("finished runs (done, failed, terminated, cancelled)")
+    dead_lettered_days = _days_field("dead-lettered runs")
+    start_keys_days = _days_field("start idempotency keys")
+    service_keys_days = _days_field(
+        "delivered or failed service calls (durable_send, durable_schedule_invoke) and their "
+        "idempotency keys (tenant policy only)"
+    )
+    audit_days = _days_field("audit rows (tenant policy only)")
+    updated_at = models.DateTimeField(auto_now=True)
+
+    class Meta:
+        verbose_name = "retention policy"
+        verbose_name_plural = "retention policies"
+        constraints = [
+            models.UniqueConstraint(
+                fields=["tenant", "definition_name"], name="retention_policy_unique"
+            )
+        ]
+        ordering = ["definition_name"]
+
+    def __str__(self) -> str:
+        return self.definition_name or "tenant policy"
+
+    def clean(self) -> None:
+        if self.definition_name and (self.service_keys_days or self.audit_days):
+            raise ValidationError(
+                "service keys and audit rows are kept per tenant: set them on the tenant policy"
+            )
 
 
 def instance_summary(instance: WorkflowInstance) -> dict[str, Any]:

@@ -44,6 +44,7 @@ WORKFLOW_TABLES = (
     "workflows_invocation",
     "workflows_taskcall",
     "workflows_auditlog",
+    "workflows_retentionpolicy",
 )
 
 _tenant_tables: dict[str, tuple[str, ...]] = {"workflows": WORKFLOW_TABLES}

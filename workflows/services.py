@@ -227,9 +227,7 @@ def start_workflow(
 
     with tenant_context(tenant.id):
         if idempotency_key:
-            existing = WorkflowInstance.objects.filter(
-                tenant_id=tenant.id, start_idempotency_key=idempotency_key
-            ).first()
+            existing = _unexpired_start(tenant, idempotency_key)
             if existing is not None:
                 return existing, False
         definition = resolve_definition(tenant, name, version=version, tag=tag)
@@ -264,6 +262,26 @@ def start_workflow(
             return existing, False
         wake.notify_after_commit()
     return instance, True
+
+
+def _unexpired_start(tenant: Tenant, key: str) -> WorkflowInstance | None:
+    """The run started with ``key``, unless the key has outlived its time to live (the
+    retention policy's start keys, workflows/retention.py): an expired key is cleared here,
+    as the purge would, and the start goes ahead as a new run."""
+    from workflows.retention import start_key_cutoff
+
+    existing = (
+        WorkflowInstance.objects.select_for_update()
+        .filter(tenant_id=tenant.id, start_idempotency_key=key)
+        .first()
+    )
+    if existing is None:
+        return None
+    cutoff = start_key_cutoff(tenant.id, existing.definition_name, timezone.now())
+    if cutoff is None or existing.created_at >= cutoff:
+        return existing
+    WorkflowInstance.objects.filter(id=existing.id).update(start_idempotency_key=None)
+    return None
 
 
 def priority_ceiling(role: str) -> int:
@@ -478,6 +496,7 @@ def retry_workflow(
                 f"only failed or dead-lettered runs can be retried; {run_id} is {instance.status}",
                 "run_id",
             )
+        _refuse_purging(instance)
         plan = plan_retry(instance, mode)
         forgotten = forget_failed_call(instance, mode)
         _audit(
@@ -508,6 +527,27 @@ def retry_plan(
         )
     with tenant_context(tenant.id):
         return plan_retry(get_instance(tenant, run_id), mode)
+
+
+def _refuse_purging(instance: WorkflowInstance) -> None:
+    """A run the retention purge is deleting (or the child of one) cannot be reopened: its
+    history is being deleted. The parent's row is locked, so a purge deciding whether the
+    parent may go (workflows/retention.py) sees this child reopened, or this sees the mark."""
+    if instance.purge_batch is not None:
+        raise Conflict(f"run {instance.id} is being deleted by the retention purge", "run_id")
+    if instance.parent_id is not None:
+        parent_batch = (
+            WorkflowInstance.objects.select_for_update()
+            .filter(id=instance.parent_id)
+            .values_list("purge_batch", flat=True)
+            .first()
+        )
+        if parent_batch is not None:
+            raise Conflict(
+                f"run {instance.id}'s parent {instance.parent_id} is being deleted by the "
+                "retention purge",
+                "run_id",
+            )
 
 
 def _reopen(instance: WorkflowInstance) -> None:
@@ -587,6 +627,7 @@ def re_replay(
             raise Conflict(
                 f"run {run_id} is {instance.status}; re-replay needs a settled run", "run_id"
             )
+        _refuse_purging(instance)
         _audit(tenant, instance, "re_replay", operator, reason)
         _reopen(instance)
     return instance

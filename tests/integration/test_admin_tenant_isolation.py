@@ -29,6 +29,7 @@ from workflows.api.keys import issue_api_key
 from workflows.models import (
     ApiKey,
     AuditLog,
+    RetentionPolicy,
     StaffTenant,
     Tenant,
     WorkflowDefinition,
@@ -45,6 +46,7 @@ OWN_MARKERS: dict[type[models.Model], str] = {
     WorkflowDefinition: "alpha-flow",
     AuditLog: "alpha-why",
     ApiKey: "alpha-key",
+    RetentionPolicy: "alpha-flow",
     Schedule: "alpha-nightly",
 }
 
@@ -73,6 +75,9 @@ def _tenant_rows(tenant: Tenant, label: str) -> dict[type[models.Model], models.
     )
     with tenant_context(tenant.id):
         audit = AuditLog.objects.filter(tenant_id=tenant.id).first()
+        policy = RetentionPolicy.objects.create(
+            tenant=tenant, definition_name=f"{label}-flow", finished_days="7"
+        )
     staff = get_user_model().objects.create_user(f"{label}-staff", is_staff=True)
     binding = StaffTenant.objects.create(user=staff, tenant=tenant)
     group = Group.objects.create(name=f"{label}-group")
@@ -81,6 +86,7 @@ def _tenant_rows(tenant: Tenant, label: str) -> dict[type[models.Model], models.
         WorkflowInstance: run,
         WorkflowDefinition: definition,
         AuditLog: audit,
+        RetentionPolicy: policy,
         ApiKey: key,
         Schedule: schedule,
         StaffTenant: binding,

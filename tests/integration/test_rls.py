@@ -41,6 +41,7 @@ from workflows.models import (
     ConcurrencyKey,
     Invocation,
     Promise,
+    RetentionPolicy,
     RoutingRule,
     RunStatus,
     Signal,
@@ -212,6 +213,7 @@ def seed(tenant: Tenant) -> set[str]:
                 deliver_at=timezone.now(),
             ),
             AuditLog.objects.create(tenant=tenant, instance=run, action="seed", operator="t"),
+            RetentionPolicy.objects.create(tenant=tenant, finished_days="7"),
             Schedule.objects.create(
                 tenant=tenant, name=f"sched-{key}", workflow_name="seeded", cron="0 * * * *"
             ),

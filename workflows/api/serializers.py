@@ -625,3 +625,50 @@ class HealthSerializer(serializers.Serializer):
     status = serializers.ChoiceField(choices=["ok", "unavailable"])
     database = serializers.CharField()
     migrations = serializers.CharField()
+
+
+# --- retention -----------------------------------------------------------------------------------
+
+_RETENTION_HELP = "Days kept, 'off' to keep forever, or null to inherit."
+
+
+@extend_schema_field(
+    {
+        "oneOf": [{"type": "integer", "minimum": 0}, {"type": "string", "enum": ["off"]}],
+        "nullable": True,
+        "description": _RETENTION_HELP,
+    }
+)
+class RetentionDaysField(serializers.JSONField):
+    """Days, ``"off"`` or null; the retention service checks the value and names the field."""
+
+
+class DefinitionRetentionSerializer(serializers.Serializer):
+    finished_days = RetentionDaysField(required=False, allow_null=True)
+    dead_lettered_days = RetentionDaysField(required=False, allow_null=True)
+    start_keys_days = RetentionDaysField(required=False, allow_null=True)
+
+
+class TenantRetentionSerializer(DefinitionRetentionSerializer):
+    service_keys_days = RetentionDaysField(required=False, allow_null=True)
+    audit_days = RetentionDaysField(required=False, allow_null=True)
+
+
+class RetentionUpdateSerializer(KnownFieldsOnly, TenantRetentionSerializer):
+    definitions = serializers.DictField(
+        child=DefinitionRetentionSerializer(),
+        required=False,
+        help_text="Overrides by definition name; a definition left out has none.",
+    )
+
+
+class DefinitionRetentionViewSerializer(serializers.Serializer):
+    policy = DefinitionRetentionSerializer(help_text="What this definition's override sets.")
+    effective = DefinitionRetentionSerializer(help_text="What applies to its runs.")
+
+
+class RetentionSerializer(serializers.Serializer):
+    defaults = TenantRetentionSerializer(help_text="The CLEAT_RETAIN_* settings.")
+    tenant = TenantRetentionSerializer(help_text="What this tenant's policy sets.")
+    effective = TenantRetentionSerializer(help_text="What applies to this tenant.")
+    definitions = serializers.DictField(child=DefinitionRetentionViewSerializer())

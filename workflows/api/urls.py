@@ -17,6 +17,7 @@ from workflows.api.views import (
     DefinitionVersionViewSet,
     DefinitionViewSet,
     PromiseViewSet,
+    RetentionViewSet,
     WorkflowViewSet,
 )
 
@@ -29,6 +30,14 @@ router.register(
 )
 router.register("workflows", WorkflowViewSet, basename="workflow")
 router.register("promises", PromiseViewSet, basename="promise")
+# One resource per tenant, not a collection: GET and PUT /api/v1/retention.
+retention_urls = [
+    path(
+        "retention",
+        RetentionViewSet.as_view({"get": "retrieve", "put": "update"}, basename="retention"),
+        name="retention",
+    )
+]
 
 # Included after every app's /api/v1/ routes (cleat_project/urls.py): the catch-all below
 # must come last.

@@ -30,7 +30,7 @@ from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.serializers import BaseSerializer
 
-from workflows import definitions, services
+from workflows import definitions, retention, services
 from workflows.api import serializers as s
 from workflows.api.authentication import ApiIdentity, identity_of
 from workflows.api.errors import InvalidRequest, PayloadTooLarge
@@ -959,3 +959,32 @@ class PromiseViewSet(TenantViewSet):
         body = self.validated(s.RejectPromiseSerializer)
         services.settle_promise(self.tenant, promise_id, error=body["message"], reject=True)
         return Response(s.PromiseSerializer(self._promise(promise_id)).data)
+
+
+# --- retention -----------------------------------------------------------------------------------
+
+
+@extend_schema(tags=["retention"])
+class RetentionViewSet(TenantViewSet):
+    """The tenant's retention policy and its definitions' overrides (docs/operations.md,
+    "Data lifetime")."""
+
+    action_roles = {"update": Role.ADMIN}
+
+    @extend_schema(summary="The retention policy", responses=s.RetentionSerializer)
+    def retrieve(self, request: Request) -> Response:
+        return Response(retention.describe(self.tenant))
+
+    @extend_schema(
+        summary="Replace the retention policy",
+        description=(
+            "Replaces the tenant's policy and its definitions' overrides: a field left out "
+            "or null inherits (the tenant's from the CLEAT_RETAIN_* settings, a definition's "
+            "from the tenant's), a definition left out has no override. Writes an audit row."
+        ),
+        request=s.RetentionUpdateSerializer,
+        responses=s.RetentionSerializer,
+    )
+    def update(self, request: Request) -> Response:
+        self.validated(s.RetentionUpdateSerializer)  # unknown fields, shape
+        return Response(retention.replace_policies(self.tenant, request.data, self.operator))

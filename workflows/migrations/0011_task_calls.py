@@ -43,7 +43,7 @@ ALTER TABLE {TASK_CALL_TABLE} DISABLE ROW LEVEL SECURITY;
 
 class Migration(migrations.Migration):
     dependencies = [
-        ("workflows", "0008_versions_and_policies"),
+        ("workflows", "0009_retention"),
     ]
 
     operations = [
