@@ -8,6 +8,7 @@ installed when the requirements match) and SQLite in that folder, as on a new ma
 
 from __future__ import annotations
 
+import contextlib
 import http.cookiejar
 import json
 import os
@@ -80,8 +81,11 @@ class DevUp:
 
     def _read(self) -> None:
         assert self.process.stdout is not None
-        for line in self.process.stdout:
-            self.lines.append(line.rstrip("\n"))
+        try:
+            for line in self.process.stdout:
+                self.lines.append(line.rstrip("\n"))
+        except (OSError, ValueError):  # closed by stop()
+            pass
 
     def output(self) -> str:
         return "\n".join(self.lines)
@@ -104,6 +108,13 @@ class DevUp:
             except subprocess.TimeoutExpired:
                 os.killpg(self.process.pid, signal.SIGKILL)
                 self.process.wait()
+        with contextlib.suppress(ProcessLookupError):  # anything of the group still alive
+            os.killpg(self.process.pid, signal.SIGKILL)
+        # The pipe is closed here, not by the collector in some later test (a ResourceWarning
+        # there fails that test).
+        self._reader.join(timeout=10)
+        assert self.process.stdout is not None
+        self.process.stdout.close()
 
 
 @pytest.fixture
