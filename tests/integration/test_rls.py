@@ -14,6 +14,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import uuid
 from collections.abc import Iterator
 from datetime import timedelta
 from io import StringIO
@@ -45,6 +46,7 @@ from workflows.models import (
     RoutingRule,
     RunStatus,
     Signal,
+    TaskCall,
     Tenant,
     TenantScoped,
     UpdateRequest,
@@ -214,6 +216,16 @@ def seed(tenant: Tenant) -> set[str]:
             ),
             AuditLog.objects.create(tenant=tenant, instance=run, action="seed", operator="t"),
             RetentionPolicy.objects.create(tenant=tenant, finished_days="7"),
+            TaskCall.objects.create(
+                id=uuid.uuid4(),
+                tenant=tenant,
+                instance=run,
+                step=0,
+                service="billing",
+                operation="charge",
+                idempotency_key="k",
+                token="t",
+            ),
             Schedule.objects.create(
                 tenant=tenant, name=f"sched-{key}", workflow_name="seeded", cron="0 * * * *"
             ),
