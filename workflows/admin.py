@@ -17,6 +17,7 @@ from collections.abc import Callable
 from typing import Any
 from uuid import UUID
 
+from django import forms
 from django.contrib import admin, messages
 from django.contrib.auth import admin as auth_admin
 from django.contrib.auth import get_user_model
@@ -389,10 +390,48 @@ class AuditLogAdmin(ReadOnlyAdmin):
         )
 
 
+RETENTION_FIELDS = (
+    "definition_name",
+    "finished_days",
+    "dead_lettered_days",
+    "start_keys_days",
+    "service_keys_days",
+    "audit_days",
+)
+
+
+class RetentionPolicyForm(forms.ModelForm):
+    """The policy form, refusing a second row for the same definition (or a second tenant
+    policy) with a form error: the unique constraint names the tenant, which the form does
+    not show, so Django's own unique check skips it and the insert would fail."""
+
+    tenant_id: UUID | None = None  # set per request by RetentionPolicyAdmin.get_form
+
+    class Meta:
+        model = RetentionPolicy
+        fields = RETENTION_FIELDS
+
+    def clean_definition_name(self) -> str:
+        name: str = self.cleaned_data.get("definition_name") or ""
+        if self.tenant_id is None:
+            return name
+        rows = of_tenant(RetentionPolicy, self.tenant_id).filter(definition_name=name)
+        if self.instance.pk is not None:
+            rows = rows.exclude(pk=self.instance.pk)
+        if rows.exists():
+            whose = f"definition {name!r}" if name else "the tenant"
+            raise forms.ValidationError(
+                f"a policy for {whose} exists already: change that one instead"
+            )
+        return name
+
+
 @admin.register(RetentionPolicy)
 class RetentionPolicyAdmin(TenantScopedAdmin):
     """The tenant's retention policy (the row without a definition name) and its
     definitions' overrides; saved through workflows.retention, with an audit row."""
+
+    form = RetentionPolicyForm
 
     list_display = (
         "__str__",
@@ -403,14 +442,14 @@ class RetentionPolicyAdmin(TenantScopedAdmin):
         "audit_days",
         "updated_at",
     )
-    fields = (
-        "definition_name",
-        "finished_days",
-        "dead_lettered_days",
-        "start_keys_days",
-        "service_keys_days",
-        "audit_days",
-    )
+    fields = RETENTION_FIELDS
+
+    def get_form(
+        self, request: HttpRequest, obj: Any = None, change: bool = False, **kwargs: Any
+    ) -> Any:
+        form = super().get_form(request, obj, change, **kwargs)
+        form.tenant_id = views.tenant_of(request).id
+        return form
 
     def save_model(self, request: HttpRequest, obj: Any, form: Any, change: bool) -> None:
         from workflows import retention

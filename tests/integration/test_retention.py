@@ -680,3 +680,19 @@ def test_the_admin_saves_policies_with_an_audit_row_and_refuses_bad_values(tenan
     refused = client.post(url, {**fields, "definition_name": "orders", "finished_days": "soon"})
     assert refused.status_code == 200 and b"number of days" in refused.content
     assert rows_of(tenant, RetentionPolicy) == 1
+
+    # A second row for the same scope is a form error, not a failed insert.
+    assert client.post(url, {**fields, "definition_name": "orders"}).status_code == 302
+    for name in ("orders", ""):
+        again = client.post(url, {**fields, "definition_name": name})
+        assert again.status_code == 200 and b"exists already" in again.content
+    assert rows_of(tenant, RetentionPolicy) == 2
+    # Editing a row keeps its own name.
+    with tenant_context(tenant.id):
+        row = of_tenant(RetentionPolicy, tenant.id).get(definition_name="orders")
+    edited = client.post(
+        f"/admin/workflows/retentionpolicy/{row.pk}/change/",
+        {**fields, "definition_name": "orders", "finished_days": "3"},
+    )
+    assert edited.status_code == 302
+    assert retention.tenant_policies(tenant.id).for_definition("orders").finished == 3
