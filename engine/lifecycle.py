@@ -32,11 +32,12 @@ from outside runs no guest code, so a terminated run's defers do not run.
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
 from engine.errors import ErrorCode
-from engine.events import Event, EventType
+from engine.events import AcquireLockEvent, Event, EventType, ReleaseLockEvent
 from engine.outcomes import Completed, ContinuedAsNew, Failed, Outcome, Suspended
 from engine.status import TERMINAL_STATUSES, AbiStatus, RunStatus
 
@@ -289,6 +290,31 @@ def is_forgettable_failed_call(event: Event) -> bool:
     if getattr(event, "streaming", False):
         return False
     return getattr(event, "status", AbiStatus.OK) in _RETRIED_STATUSES
+
+
+# The history's lock steps: a reopened run re-takes what its history says it holds.
+LOCK_CODES = frozenset({EventType.ACQUIRE_LOCK.code, EventType.RELEASE_LOCK.code})
+
+
+@dataclass(frozen=True)
+class HeldLock:
+    key: str
+    expires_ms: int | None  # None: held until released
+
+
+def locks_held(events: Iterable[Event], now_ms: int) -> list[HeldLock]:
+    """The locks a history says its run holds at ``now_ms``: acquired and not released since,
+    and not past their TTL. A run's end releases its locks; an operator's retry re-takes these
+    before the run replays, since replay answers ``acquire_lock`` from the history without
+    asking the lock table again. In the order last acquired."""
+    held: dict[str, HeldLock] = {}
+    for event in events:
+        if isinstance(event, AcquireLockEvent) and event.acquired:
+            ttl = event.ttl_ms
+            held[event.key] = HeldLock(event.key, event.ts + ttl if ttl else None)
+        elif isinstance(event, ReleaseLockEvent):
+            held.pop(event.key, None)
+    return [h for h in held.values() if h.expires_ms is None or h.expires_ms > now_ms]
 
 
 # How an operator's retry treats the run's last step (``retry_plan``).

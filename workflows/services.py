@@ -47,6 +47,7 @@ from workflows.store.lifecycle import (
     close_instance,
     forget_failed_call,
     plan_retry,
+    retake_locks,
     terminate_instance,
 )
 from workflows.tenancy import tenant_context
@@ -498,6 +499,9 @@ def retry_workflow(
             )
         _refuse_purging(instance)
         plan = plan_retry(instance, mode)
+        refusal = retake_locks(instance, timezone.now())
+        if refusal is not None:
+            raise Conflict(refusal, "run_id")
         forgotten = forget_failed_call(instance, mode)
         _audit(
             tenant,

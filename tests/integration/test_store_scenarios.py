@@ -14,7 +14,12 @@ import pytest
 
 from tests.fixtures import FakeService
 from tests.fixtures.wat import Ref, Wat
-from tests.integration.test_lifecycle_scenarios import call_or_fail, call_sleep_call, signal_waiter
+from tests.integration.test_lifecycle_scenarios import (
+    call_or_fail,
+    call_sleep_call,
+    lock_holder,
+    signal_waiter,
+)
 from workflows.models import RunStatus, WorkflowInstance
 from workflows.tenancy import tenant_context
 from workflows.testing import DatabaseWorkflowEnvironment
@@ -134,6 +139,44 @@ def test_retry_from_the_dead_letter_queue_makes_the_failed_call_again(make_env: 
     assert env.result(run) == [[0, '{"ok":true}']]
     assert flaky.ops() == ["go", "go"]
     assert [e.TYPE.value for e in env.history(run)] == ["admin_action", "call"]
+
+
+def test_a_retry_from_the_dead_letter_queue_takes_the_runs_locks_again(make_env: Any) -> None:
+    """The run's end released its lock; its replay answers ``acquire_lock`` from the history,
+    so the retry must hold the lock again before the run replays, or refuse while another
+    workflow has it (nothing changes then)."""
+    from workflows import services as svc
+    from workflows.models import ConcurrencyKey, WorkflowDefinition
+
+    env = make_env()
+    env.deploy("holder", lock_holder("fails retryably").wasm())
+    with tenant_context(env.tenant.id):
+        WorkflowDefinition.objects.filter(name="holder").update(retry_max_attempts=1)
+    run = env.run("holder")
+    env.signal(run, "go")
+    env.run_until_idle()
+    assert env.describe(run)["status"] == "dead_lettered"
+
+    def locks() -> dict[str, str]:
+        with tenant_context(env.tenant.id):
+            return dict(ConcurrencyKey.objects.values_list("key", "holder"))
+
+    assert locks() == {}
+    with tenant_context(env.tenant.id):
+        ConcurrencyKey.objects.create(tenant=env.tenant, key="k", holder="someone-else")
+    with pytest.raises(svc.Conflict, match=r"lock .k.*held by workflow someone-else"):
+        svc.retry_workflow(env.tenant, run, operator="ops")
+    assert env.describe(run)["status"] == "dead_lettered"
+    assert locks() == {"k": "someone-else"}
+
+    with tenant_context(env.tenant.id):
+        ConcurrencyKey.objects.all().delete()
+    svc.retry_workflow(env.tenant, run, operator="ops")
+    assert env.describe(run)["status"] == "ready"
+    assert locks() == {"k": run}
+    env.run_until_idle()  # it replays holding the lock, fails again, and its end releases it
+    assert env.describe(run)["status"] == "dead_lettered"
+    assert locks() == {}
 
 
 # --- the finalize's fast path and its fallbacks ------------------------------------------------

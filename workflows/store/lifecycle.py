@@ -62,6 +62,7 @@ from workflows.store.storage import (
     client_side_binding,
     contiguous,
     lock_fenced_instance,
+    take_lock,
 )
 from workflows.tenancy import tenant_context
 
@@ -562,6 +563,38 @@ def plan_retry(
         EncodedEvent(last.step, last.type_code, last.timestamp_ms, last.payload, last.checksum)
     )
     return lifecycle.retry_plan(event, mode)
+
+
+def retake_locks(instance: WorkflowInstance, now: datetime) -> str | None:
+    """Re-take the locks ``instance``'s history holds (``engine.lifecycle.locks_held``) before
+    an operator reopens it: its end released them, and its replay answers ``acquire_lock``
+    from the history. Returns the refusal when another workflow holds one now (nothing is
+    taken then: the caller's transaction rolls back), None when all are taken again."""
+    stored = WorkflowEvent.objects.filter(
+        instance_id=instance.id, type_code__in=lifecycle.LOCK_CODES
+    ).order_by("step")
+    events = [
+        decode(EncodedEvent(e.step, e.type_code, e.timestamp_ms, e.payload, e.checksum))
+        for e in stored
+    ]
+    now_ms = int(now.timestamp() * 1000)
+    for lock in lifecycle.locks_held(events, now_ms):
+        expires = (
+            datetime.fromtimestamp(lock.expires_ms / 1000, tz=UTC)
+            if lock.expires_ms is not None
+            else None
+        )
+        if not take_lock(instance.tenant_id, lock.key, instance.workflow_id, expires, now):
+            holder = (
+                ConcurrencyKey.objects.filter(tenant_id=instance.tenant_id, key=lock.key)
+                .values_list("holder", flat=True)
+                .first()
+            )
+            return (
+                f"lock {lock.key!r}, which the run's history holds, is held by workflow "
+                f"{holder}; retry once it is released"
+            )
+    return None
 
 
 def forget_failed_call(

@@ -335,27 +335,9 @@ class DjangoStorage:
                 return value
             case AcquireLock():
                 expires = now + timedelta(milliseconds=m.ttl_ms) if m.ttl_ms else None
-                held = (
-                    ConcurrencyKey.objects.select_for_update()
-                    .filter(tenant_id=tenant, key=m.key)
-                    .first()
+                return take_lock(
+                    tenant, m.key, m.holder, expires, now, lambda: self._check_lock_quota(m, now)
                 )
-                if held is None:
-                    self._check_lock_quota(m, now)
-                    try:
-                        with transaction.atomic():
-                            ConcurrencyKey.objects.create(
-                                tenant_id=tenant, key=m.key, holder=m.holder, expires_at=expires
-                            )
-                    except IntegrityError:
-                        return False  # another workflow took it a moment ago
-                    return True
-                if held.holder != m.holder and (held.expires_at is None or held.expires_at > now):
-                    return False
-                self._check_lock_quota(m, now)
-                held.holder, held.expires_at, held.acquired_at = m.holder, expires, now
-                held.save(update_fields=["holder", "expires_at", "acquired_at"])
-                return True
             case ReleaseLock():
                 ConcurrencyKey.objects.filter(tenant_id=tenant, key=m.key, holder=m.holder).delete()
                 return None
@@ -782,3 +764,34 @@ __all__ = [
     "lock_fenced",
     "lock_fenced_instance",
 ]
+
+
+def take_lock(
+    tenant: uuid.UUID,
+    key: str,
+    holder: str,
+    expires: datetime | None,
+    now: datetime,
+    check_quota: Callable[[], None] = lambda: None,
+) -> bool:
+    """Take ``key`` for ``holder`` (a workflow id) unless another holder's lease on it is
+    live; True when taken. ``check_quota`` raises when the holder may take no more. Runs in
+    the caller's transaction and tenant context: a guest's ``acquire_lock`` and an operator's
+    retry re-taking the locks its run's history holds (``retake_locks``)."""
+    held = ConcurrencyKey.objects.select_for_update().filter(tenant_id=tenant, key=key).first()
+    if held is None:
+        check_quota()
+        try:
+            with transaction.atomic():
+                ConcurrencyKey.objects.create(
+                    tenant_id=tenant, key=key, holder=holder, expires_at=expires
+                )
+        except IntegrityError:
+            return False  # another workflow took it a moment ago
+        return True
+    if held.holder != holder and (held.expires_at is None or held.expires_at > now):
+        return False
+    check_quota()
+    held.holder, held.expires_at, held.acquired_at = holder, expires, now
+    held.save(update_fields=["holder", "expires_at", "acquired_at"])
+    return True
