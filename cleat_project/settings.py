@@ -226,6 +226,9 @@ CLEAT_MODULE_CACHE_MAX_MB = env.int("CLEAT_MODULE_CACHE_MAX_MB", default=4096)
 CLEAT_MODULE_CACHE_DIR = env.str(
     "CLEAT_MODULE_CACHE_DIR", default=str(Path.home() / ".cache" / "cleat" / "modules")
 )
+# Compiled artifacts shared through the database (workflows/artifacts.py): a deploy's compile
+# is read by every worker instead of compiling again.
+CLEAT_SHARE_COMPILED = env.bool("CLEAT_SHARE_COMPILED", default=True)
 # Services that durable_call reaches: {"service": "dotted.path"} for Python functions,
 # {"service": "https://base.url/"} for HTTP services, {"service": "celery:pkg.tasks"} (with
 # ?queue=NAME&timeout=SECONDS) for Celery tasks (docs/celery.md).

@@ -17,6 +17,7 @@ import time
 from collections import OrderedDict
 from collections.abc import Callable
 from pathlib import Path
+from typing import Protocol
 
 from engine.backend import LoadedModule, ModuleBackend, detect_kind
 from engine.config import EngineConfig
@@ -26,6 +27,22 @@ log = logging.getLogger("cleat.engine")
 WASMTIME_VERSION = importlib.metadata.version("wasmtime")
 
 _ARTIFACT_NAME = re.compile(r"^[0-9a-f]{64}-wasmtime[^/]*\.(cwasm|guest\.json)$")
+
+
+class SharedArtifacts(Protocol):
+    """Serialized artifacts every worker can reach (the database, ``workflows.artifacts``):
+    read when a process's own disk cache lacks one, written by the process that compiled it
+    (the deploy). Both may fail (the store is down): the cache logs it and compiles instead.
+    ``fetch`` must return only bytes this deployment wrote (they are loaded as native code)."""
+
+    def fetch(self, name: str) -> bytes | None: ...
+
+    def publish(self, name: str, data: bytes) -> None: ...
+
+
+def _companions(path: Path) -> tuple[Path, ...]:
+    """An artifact and what a backend keeps beside it (a component's description)."""
+    return (path, path.with_suffix(".guest.json"))
 
 
 class ModuleCache:
@@ -52,6 +69,8 @@ class ModuleCache:
         self.hits = 0
         self.disk_hits = 0
         self.misses = 0
+        self.shared: SharedArtifacts | None = None
+        self.shared_hits = 0
 
     def _path(self, sha: str) -> Path | None:
         if self._dir is None:
@@ -163,8 +182,58 @@ class ModuleCache:
         return loaded
 
     def _load(self, wasm: bytes, sha: str) -> LoadedModule:
-        """Loaded by the backend of the module's kind (core module or component)."""
-        return self._backend_for(detect_kind(wasm)).load(wasm, sha, self, self._path(sha))
+        """Loaded by the backend of the module's kind (core module or component): from the
+        disk cache, else from the shared artifacts (copied to the disk cache first), else
+        compiled, and then the new artifact is shared."""
+        path = self._path(sha)
+        shared = self.shared
+        if shared is not None and path is not None and not path.exists():
+            self._fetch_shared(shared, path)
+        misses = self.misses
+        loaded = self._backend_for(detect_kind(wasm)).load(wasm, sha, self, path)
+        if shared is not None and path is not None and self.misses > misses:
+            self._publish_shared(shared, path)
+        return loaded
+
+    def share(self, sha: str) -> bool:
+        """Publish the disk artifact of ``sha`` (loaded before) to the shared artifacts, if
+        there are any: the deploy calls it, so its compile serves every worker even when this
+        process had the module cached already. True when there was an artifact to share."""
+        path = self._path(sha)
+        if self.shared is None or path is None or not path.exists():
+            return False
+        self._publish_shared(self.shared, path)
+        return True
+
+    def _fetch_shared(self, shared: SharedArtifacts, path: Path) -> None:
+        try:
+            found = {p: shared.fetch(p.name) for p in _companions(path)}
+        except Exception as exc:  # the store is down: compile, as without it
+            log.warning("module cache: cannot read shared artifact %s: %s", path.name, exc)
+            return
+        artifact = found[path]
+        if artifact is None:
+            return
+        # The description first: a reader that sees the artifact then finds it beside it.
+        for companion, data in found.items():
+            if companion != path and data is not None:
+                self.store_artifact(companion, data)
+        self.store_artifact(path, artifact)
+        self.shared_hits += 1
+        log.info(
+            "module cache: %s (%d bytes) read from the shared artifacts", path.name, len(artifact)
+        )
+
+    def _publish_shared(self, shared: SharedArtifacts, path: Path) -> None:
+        for companion in _companions(path):
+            try:
+                data = companion.read_bytes()
+            except OSError:
+                continue  # not written (a read-only disk cache) or none of its kind
+            try:
+                shared.publish(companion.name, data)
+            except Exception as exc:  # sharing is an optimisation: never fail a load
+                log.warning("module cache: cannot share artifact %s: %s", companion.name, exc)
 
     @staticmethod
     def store_artifact(path: Path, data: bytes) -> None:

@@ -92,10 +92,12 @@ def deploy_definition(
         raise InvalidInput(exc.message, exc.field) from None
     if not wasm:
         raise InvalidInput("the module is empty", "wasm")
+    runtime = get_runtime()
     try:
-        info = get_runtime().inspect(bytes(wasm))
+        info = runtime.inspect(bytes(wasm))
     except InvalidModule as exc:
         raise InvalidInput(str(exc), "wasm") from None
+    runtime.modules.share(info.sha256)  # the compile serves every worker (workflows.artifacts)
     if version is not None and version < 1:
         raise InvalidInput("version must be a positive integer", "version")
     _check_packet_size(len(wasm))

@@ -64,6 +64,10 @@ def get_runtime() -> WasmRuntime:
     with _lock:
         if _runtime is None:
             _runtime = WasmRuntime(cleat_settings().engine)
+            from workflows import artifacts
+
+            if artifacts.enabled():
+                _runtime.modules.shared = artifacts.DatabaseArtifacts()
         return _runtime
 
 

@@ -788,3 +788,32 @@ class StaffTenant(models.Model):
 
     def __str__(self) -> str:
         return f"{self.user} → {self.tenant}"
+
+
+class CompiledArtifact(models.Model):
+    """A chunk of a compiled module's serialized artifact (wasmtime's native code), shared by
+    every worker through the database: the deploy compiles a version and stores its artifact
+    here, so a worker whose own disk cache lacks it loads it in a moment instead of compiling
+    (seconds for a Python workflow). Written and read by ``workflows.artifacts`` only.
+
+    Not tenant-scoped: named by the module's sha256 (plus wasmtime's version and the engine
+    configuration), so it is the same for every tenant that deploys the same bytes, and a
+    reader must already have those bytes to ask for it. Each artifact carries an HMAC under
+    the deployment's secret key, checked before wasmtime loads it.
+    """
+
+    name = models.CharField(max_length=200)
+    seq = models.PositiveIntegerField()
+    chunks = models.PositiveIntegerField(help_text="How many chunks the artifact has.")
+    size = models.BigIntegerField(help_text="The whole artifact's size in bytes.")
+    mac = models.CharField(max_length=128, help_text="HMAC-SHA256 of name and content.")
+    data = models.BinaryField()
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        constraints = [
+            models.UniqueConstraint(fields=["name", "seq"], name="compiled_artifact_chunk")
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.name} [{self.seq + 1}/{self.chunks}]"

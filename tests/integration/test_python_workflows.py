@@ -18,7 +18,7 @@ from django.core.management import CommandError, call_command
 
 from engine.errors import PermanentError
 from tests.fixtures import FakeService
-from workflows.models import RunStatus, WorkflowDefinition
+from workflows.models import CompiledArtifact, RunStatus, WorkflowDefinition
 from workflows.tenancy import tenant_context
 from workflows.testing import DatabaseWorkflowEnvironment
 
@@ -61,13 +61,21 @@ def test_build_and_deploy_commands_store_a_component(tenant: Any, tmp_path: Path
     assert output.read_bytes()[:8] == b"\x00asm\x0d\x00\x01\x00"
     assert str(output) in out.getvalue()
 
-    out = io.StringIO()
-    call_command("deploy_workflow", "order_saga", str(output), stdout=out)
+    out, err = io.StringIO(), io.StringIO()
+    call_command("deploy_workflow", "order_saga", str(output), stdout=out, stderr=err)
     assert out.getvalue().strip() == "1"
+    # It says it compiles, and the compiled artifact is in the database for every worker.
+    assert "compiling the component" in err.getvalue()
+    assert "every worker loads it from the database" in err.getvalue()
     with tenant_context(tenant.id):
         definition = WorkflowDefinition.objects.get(tenant=tenant, name="order_saga")
     assert definition.kind == "component"
     assert definition.entry_points == ["order_saga", "run"]
+    shared = CompiledArtifact.objects.filter(name__startswith=definition.sha256)
+    assert {name.rsplit(".", 1)[-1] for name in shared.values_list("name", flat=True)} == {
+        "cwasm",
+        "json",
+    }
 
 
 def test_build_errors_are_command_errors_in_the_apps_terms(tmp_path: Path) -> None:

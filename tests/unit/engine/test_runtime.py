@@ -146,6 +146,60 @@ def test_disk_cache_is_shared_between_runtimes(make_runtime: Any, tmp_path: Path
     assert completes_with(second, wasm, 7)
 
 
+class MemoryArtifacts:
+    """A shared artifact store in a dict (the database's is workflows.artifacts)."""
+
+    def __init__(self, failing: bool = False) -> None:
+        self.items: dict[str, bytes] = {}
+        self.failing = failing
+
+    def fetch(self, name: str) -> bytes | None:
+        if self.failing:
+            raise OSError("the store is down")
+        return self.items.get(name)
+
+    def publish(self, name: str, data: bytes) -> None:
+        if self.failing:
+            raise OSError("the store is down")
+        self.items[name] = data
+
+
+def test_a_compiled_artifact_is_shared_with_runtimes_on_other_disks(
+    make_runtime: Any, tmp_path: Path
+) -> None:
+    """The runtime that compiles a module publishes its artifact; a runtime whose own disk
+    cache lacks it copies it from there instead of compiling."""
+    wasm = numbered_module(17)
+    shared = MemoryArtifacts()
+    first = make_runtime(module_cache_dir=tmp_path / "a")
+    first.modules.shared = shared
+    first.load(wasm)
+    [artifact] = artifacts(tmp_path / "a")
+    assert shared.items == {artifact.name: artifact.read_bytes()}
+
+    second = make_runtime(module_cache_dir=tmp_path / "b")
+    second.modules.shared = shared
+    second.load(wasm)
+    assert (second.modules.shared_hits, second.modules.disk_hits, second.modules.misses) == (
+        1,
+        1,
+        0,
+    )
+    assert [p.name for p in artifacts(tmp_path / "b")] == [artifact.name]
+    assert completes_with(second, wasm, 17)
+
+
+def test_a_shared_store_that_fails_costs_a_compile_not_a_load(
+    make_runtime: Any, tmp_path: Path
+) -> None:
+    wasm = numbered_module(18)
+    down = make_runtime(module_cache_dir=tmp_path)
+    down.modules.shared = MemoryArtifacts(failing=True)
+    down.load(wasm)
+    assert (down.modules.shared_hits, down.modules.misses) == (0, 1)
+    assert completes_with(down, wasm, 18)
+
+
 def test_disk_cache_key_includes_the_engine_configuration(
     make_runtime: Any, tmp_path: Path
 ) -> None:

@@ -2,13 +2,16 @@
 
 from __future__ import annotations
 
+import time
 from pathlib import Path
 from typing import Any
 
 import wasmtime
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
+from engine.backend import detect_kind
 from engine.versions import ChildBinding
+from workflows import artifacts
 from workflows.api.parsers import max_module_bytes
 from workflows.definitions import (
     deploy_definition,
@@ -88,6 +91,14 @@ class Command(VersionOptionMixin, BaseCommand):
                 data = wasmtime.wat2wasm(data.decode())
             except (wasmtime.WasmtimeError, UnicodeDecodeError) as exc:
                 raise CommandError(f"{path} is not valid WAT: {exc}") from None
+        component = detect_kind(data) == "component"
+        if component:
+            # A Python workflow's component compiles for seconds: say so, or it looks hung.
+            self.stderr.write(
+                f"compiling the component ({len(data) / 1e6:.1f} MB) with wasmtime: seconds "
+                "the first time these bytes are deployed"
+            )
+        began = time.monotonic()
         try:
             pins = parse_child_versions(options["child_version"])
             definition = deploy_definition(
@@ -104,4 +115,11 @@ class Command(VersionOptionMixin, BaseCommand):
             )
         except ServiceError as exc:
             raise fail(exc) from None
+        if component:
+            where = (
+                "; every worker loads it from the database (CLEAT_SHARE_COMPILED)"
+                if artifacts.enabled()
+                else ""
+            )
+            self.stderr.write(f"compiled in {time.monotonic() - began:.1f} s{where}")
         self.stdout.write(str(definition.version))
