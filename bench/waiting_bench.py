@@ -1,0 +1,264 @@
+"""Waiting is free: runs that wait cost rows, not worker memory or segments; timers that fall
+due at one instant drain quickly. PostgreSQL, the worker as the application role.
+
+    .venv/bin/python -m bench.waiting_bench                   # 10,000 timers, 100,000 waiting
+    .venv/bin/python -m bench.waiting_bench --timers 2000 --waiting 20000 --watch 30
+
+1. **Timers due at once.** ``--timers`` runs each sleep ``--sleep`` seconds (started and run
+   through their first segment by a worker, as in production); once every timer is due, one
+   ``runworker --burst`` process drains them: runs/s from its spawn to the last run done.
+   Goal (issue 16): 2,000 runs/s.
+2. **Many waiting runs.** The database then holds ``--waiting`` runs that wait (copies of
+   the sleeping runs' rows with their histories, each due when the lifecycle set it). A
+   worker polls beside them for ``--watch`` seconds; the bench prints its resident memory
+   at the start and the end, against a worker beside an empty table, and how many segments
+   it ran meanwhile. A waiting run is due again at its re-check
+   (``CLEAT_WAIT_RECHECK_SECONDS``, when set): the bench prints the re-check segments per
+   second that many waiting runs imply. Goal: worker memory growth within 50 MB.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import tempfile
+import time
+import uuid
+from pathlib import Path
+from typing import Any
+
+from bench.store_bench import Cleat, Server
+
+# Sleeps SLEEP_MS, then completes with `true`.
+SLEEPER_WAT = r"""
+(module
+  (import "env" "durable_sleep" (func $sleep (param i64) (result i64)))
+  (memory (export "memory") 1)
+  (global $heap (mut i32) (i32.const 1024))
+  (data (i32.const 64) "\00true")
+  (func (export "cleat_alloc") (param $n i32) (result i32)
+    (local $p i32)
+    (local.set $p (global.get $heap))
+    (global.set $heap (i32.add (local.get $p) (local.get $n)))
+    (local.get $p))
+  (func (export "run") (param $ptr i32) (param $len i32) (result i64)
+    (drop (call $sleep (i64.const SLEEP_MS)))
+    (i64.or (i64.shl (i64.const 64) (i64.const 32)) (i64.const 5))))
+"""
+
+GOAL_DRAIN_RUNS_S = 2000.0
+GOAL_RSS_GROWTH_MB = 50.0
+
+
+def rss_mb(pid: int) -> float:
+    """Resident memory of ``pid`` and its children (a runworker's processes)."""
+    total = 0
+    pids = [pid]
+    try:
+        children = Path(f"/proc/{pid}/task/{pid}/children").read_text().split()
+        pids += [int(c) for c in children]
+    except OSError:
+        pass
+    for p in pids:
+        try:
+            for line in Path(f"/proc/{p}/status").read_text().splitlines():
+                if line.startswith("VmRSS:"):
+                    total += int(line.split()[1])
+        except OSError:
+            continue
+    return total / 1024
+
+
+def copy_rows(cleat: Cleat, copies: int, batch: int = 5000) -> None:
+    """``copies`` more waiting runs: copies of the waiting rows there are, histories included
+    (each as the lifecycle left it: ready, due at its wake-up)."""
+    from django.db import transaction
+
+    from workflows.models import WorkflowEvent, WorkflowInstance
+    from workflows.tenancy import tenant_context
+
+    with tenant_context(cleat.tenant.id):
+        templates = list(WorkflowInstance.objects.all())
+        events: dict[Any, list[WorkflowEvent]] = {}
+        for event in WorkflowEvent.objects.all():
+            events.setdefault(event.instance_id, []).append(event)
+    made = 0
+    while made < copies:
+        runs, rows = [], []
+        for k in range(made, min(copies, made + batch)):
+            template = templates[k % len(templates)]
+            run = WorkflowInstance(
+                **{
+                    f.attname: getattr(template, f.attname)
+                    for f in WorkflowInstance._meta.concrete_fields
+                }
+            )
+            run.id = uuid.uuid4()
+            run.workflow_id = str(run.id)
+            runs.append(run)
+            for event in events.get(template.id, []):
+                row = WorkflowEvent(
+                    **{
+                        f.attname: getattr(event, f.attname)
+                        for f in WorkflowEvent._meta.concrete_fields
+                    }
+                )
+                row.id = None
+                row.instance_id = run.id
+                rows.append(row)
+        with tenant_context(cleat.tenant.id), transaction.atomic():
+            WorkflowInstance.objects.bulk_create(runs)
+            WorkflowEvent.objects.bulk_create(rows)
+        made += len(runs)
+        print(f"  {made:,}/{copies:,} waiting runs copied", flush=True)
+
+
+def counts(cleat: Cleat) -> dict[str, Any]:
+    from django.db.models import Count, Q, Sum
+
+    from workflows.models import RunStatus, WorkflowInstance
+    from workflows.tenancy import tenant_context
+
+    with tenant_context(cleat.tenant.id):
+        return WorkflowInstance.objects.aggregate(
+            runs=Count("id"),
+            done=Count("id", filter=Q(status=RunStatus.DONE)),
+            events=Sum("event_count"),
+            waiting=Count("id", filter=Q(status=RunStatus.READY, waiting_on__isnull=False)),
+        )
+
+
+def wait_until(predicate: Any, timeout: float, what: str) -> None:
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        if time.monotonic() > deadline:
+            raise SystemExit(f"gave up waiting for {what}")
+        time.sleep(0.5)
+
+
+def watch_worker(cleat: Cleat, seconds: int, log: str) -> tuple[float, float, int]:
+    """A polling worker for ``seconds``: (RSS after warm-up, RSS at the end, segments run)."""
+    from django.db import connections
+
+    connections.close_all()
+    proc = cleat.runworker("--concurrency", "4", log=log)
+    try:
+        time.sleep(5)
+        start = rss_mb(proc.pid)
+        time.sleep(max(0, seconds - 5))
+        end = rss_mb(proc.pid)
+    finally:
+        proc.terminate()
+        proc.wait(timeout=60)
+    segments = (cleat.logdir / log).read_text().count(" ms=")  # a line per segment
+    return start, end, segments
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--pg", default="postgres://postgres@127.0.0.1:5432/postgres")
+    parser.add_argument("--timers", type=int, default=10_000)
+    parser.add_argument("--waiting", type=int, default=100_000)
+    parser.add_argument(
+        "--sleep", type=int, default=300, help="seconds each run sleeps (longer than the starts)"
+    )
+    parser.add_argument("--watch", type=int, default=60, help="seconds each worker is watched")
+    args = parser.parse_args()
+    print(f"load average {' '.join(f'{x:.1f}' for x in os.getloadavg())}")
+    server = Server(args.pg)
+    with tempfile.TemporaryDirectory(prefix="cleat-waiting-bench-") as logdir:
+        cleat = Cleat(server, "cleat_bench_waiting", 60, Path(logdir))
+        cleat.prepare()
+        try:
+            return run(cleat, server, args)
+        finally:
+            from django.db import connections
+
+            connections.close_all()
+            server.drop(cleat.db)
+
+
+def run(cleat: Cleat, server: Server, args: argparse.Namespace) -> int:
+    import wasmtime
+    from django.db import connections
+    from django.utils import timezone
+
+    from workflows.definitions import deploy_definition
+    from workflows.services import start_workflow
+
+    sleeper = SLEEPER_WAT.replace("SLEEP_MS", str(args.sleep * 1000))
+    deploy_definition(cleat.tenant, "sleeper", wasmtime.wat2wasm(sleeper))
+    recheck = os.environ.get("CLEAT_WAIT_RECHECK_SECONDS", "the default")
+    print(f"CLEAT_WAIT_RECHECK_SECONDS: {recheck}")
+
+    # 1. Timers due at once.
+    began = time.monotonic()
+    for _ in range(args.timers):
+        start_workflow(cleat.tenant, "sleeper", None)
+    connections.close_all()
+    first = cleat.runworker("--concurrency", "4", "--burst", log="first-segments.log")
+    first.wait(timeout=3600)
+    got = counts(cleat)
+    if got["waiting"] != args.timers:
+        log = (cleat.logdir / "first-segments.log").read_text()[-3000:]
+        raise SystemExit(f"the first segments did not all run: {got}\n{log}")
+    print(f"{args.timers} runs started and asleep in {time.monotonic() - began:.0f} s")
+    from django.db.models import Max
+
+    from workflows.models import WorkflowInstance
+    from workflows.tenancy import tenant_context
+
+    with tenant_context(cleat.tenant.id):
+        due = WorkflowInstance.objects.aggregate(m=Max("next_wake_at"))["m"]
+    pause = max(0.0, (due - timezone.now()).total_seconds() + 1)
+    print(f"waiting {pause:.0f} s until every timer is due", flush=True)
+    time.sleep(pause)
+    server.psql(cleat.db, "VACUUM ANALYZE workflows_workflowinstance")
+    spawn = timezone.now()
+    drain = cleat.runworker("--concurrency", "4", "--burst", log="drain.log")
+    code = drain.wait(timeout=3600)
+
+    with tenant_context(cleat.tenant.id):
+        last = WorkflowInstance.objects.aggregate(m=Max("completed_at"))["m"]
+    got = counts(cleat)
+    seconds = (last - spawn).total_seconds() if last else float("nan")
+    rate = got["done"] / seconds if seconds else 0.0
+    verdict = "met" if rate >= GOAL_DRAIN_RUNS_S and got["done"] == args.timers else "MISSED"
+    print(
+        f"drain: {got['done']}/{args.timers} done in {seconds:.1f} s (exit {code}): "
+        f"{rate:,.0f} runs/s, one process (goal {GOAL_DRAIN_RUNS_S:,.0f}: {verdict})"
+    )
+
+    # 2. Many waiting runs: an idle worker's memory beside an empty table, then beside them.
+    server.psql(
+        cleat.db,
+        "TRUNCATE workflows_workflowevent, workflows_workflowinstance CASCADE",
+    )
+    base_start, base_end, _ = watch_worker(cleat, args.watch, "idle-empty.log")
+    template_runs = min(args.timers, 1000)
+    for _ in range(template_runs):
+        start_workflow(cleat.tenant, "sleeper", None)
+    connections.close_all()
+    cleat.runworker("--concurrency", "4", "--burst", log="templates.log").wait(timeout=3600)
+    copy_rows(cleat, max(0, args.waiting - template_runs))
+    server.psql(cleat.db, "VACUUM ANALYZE workflows_workflowinstance")
+    waiting = counts(cleat)["runs"]
+    start, end, segments = watch_worker(cleat, args.watch, "idle-waiting.log")
+    growth = end - base_end
+    verdict = "met" if growth <= GOAL_RSS_GROWTH_MB else "MISSED"
+    print(
+        f"idle worker beside an empty table: RSS {base_start:.0f} -> {base_end:.0f} MB over "
+        f"{args.watch} s"
+    )
+    print(
+        f"beside {waiting:,} waiting runs: RSS {start:.0f} -> {end:.0f} MB, "
+        f"{segments} segments run in {args.watch} s; growth against the empty table "
+        f"{growth:+.0f} MB (goal <= {GOAL_RSS_GROWTH_MB:.0f}: {verdict})"
+    )
+    if recheck not in ("", "0", "off", "the default"):
+        print(f"implied re-check load: {waiting / float(recheck):,.0f} segments/s")
+    return 0 if code == 0 else 1
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
