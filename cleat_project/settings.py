@@ -131,6 +131,30 @@ if DATABASES["default"]["ENGINE"] == "django.db.backends.sqlite3":
         }
     )
 
+# The database password from a credential provider, read at every new connection (cached for
+# CLEAT_SECRETS_TTL_SECONDS): "file:/run/secrets/db", "env:NAME", "aws-secretsmanager:ID#field",
+# "vault:PATH#field" (workflows/secrets.py). A rotated password is picked up without a restart.
+CLEAT_DATABASE_PASSWORD = env.str("CLEAT_DATABASE_PASSWORD", default="")
+CLEAT_SECRETS_TTL_SECONDS = env.float("CLEAT_SECRETS_TTL_SECONDS", default=60.0)
+CLEAT_AWS_REGION = env.str("CLEAT_AWS_REGION", default="")
+CLEAT_AWS_ENDPOINT_URL = env.str("CLEAT_AWS_ENDPOINT_URL", default="")
+CLEAT_VAULT_ADDR = env.str("CLEAT_VAULT_ADDR", default="")
+CLEAT_VAULT_TOKEN = env.str("CLEAT_VAULT_TOKEN", default="")
+CLEAT_VAULT_MOUNT = env.str("CLEAT_VAULT_MOUNT", default="secret")
+_PASSWORD_BACKENDS = {
+    "django.db.backends.postgresql": "cleat_project.db.postgresql",
+    "django.db.backends.mysql": "cleat_project.db.mysql",
+}
+if CLEAT_DATABASE_PASSWORD:
+    _engine = DATABASES["default"]["ENGINE"]
+    if _engine not in _PASSWORD_BACKENDS:
+        raise ImproperlyConfigured(
+            "CLEAT_DATABASE_PASSWORD is read for PostgreSQL and MariaDB/MySQL; DATABASE_URL "
+            f"names {_engine}"
+        )
+    DATABASES["default"]["ENGINE"] = _PASSWORD_BACKENDS[_engine]
+    DATABASES["default"]["CLEAT_PASSWORD_SECRET"] = CLEAT_DATABASE_PASSWORD
+
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 
 AUTH_PASSWORD_VALIDATORS = [
@@ -233,6 +257,9 @@ CLEAT_SHARE_COMPILED = env.bool("CLEAT_SHARE_COMPILED", default=True)
 # {"service": "https://base.url/"} for HTTP services, {"service": "celery:pkg.tasks"} (with
 # ?queue=NAME&timeout=SECONDS) for Celery tasks (docs/celery.md).
 CLEAT_SERVICES = env.json("CLEAT_SERVICES", default={})
+# Bearer tokens HTTP services are called with: {"service": "vault:cleat/billing#token"} (a
+# secret setting, workflows/secrets.py, read at each call through its cache) or the token.
+CLEAT_SERVICE_TOKENS = env.json("CLEAT_SERVICE_TOKENS", default={})
 # "service.operation" strings that record a write-ahead intent before dispatch.
 CLEAT_WRITE_AHEAD_OPS = env.list("CLEAT_WRITE_AHEAD_OPS", default=[])
 # {"service": "dotted.path"}: asked what happened to a call whose outcome a crash lost.

@@ -193,21 +193,29 @@ class PythonService:
 
 
 class HttpService:
-    def __init__(self, base_url: str, timeout_s: float = 30.0) -> None:
+    """An HTTP service: ``POST base_url + operation``. ``token`` gives the bearer token to send
+    (``Authorization: Bearer …``), asked at every call so a rotated one is used at once; a
+    token that cannot be had fails the call retryably, naming the service."""
+
+    def __init__(
+        self, base_url: str, timeout_s: float = 30.0, token: Callable[[], str] | None = None
+    ) -> None:
         self.base_url = base_url if base_url.endswith("/") else base_url + "/"
         self.timeout_s = timeout_s
+        self.token = token
 
     def call(self, service: str, operation: str, request: str, context: CallContext) -> CallResult:
         url = urllib.parse.urljoin(self.base_url, urllib.parse.quote(operation))
-        req = urllib.request.Request(
-            url,
-            data=request.encode(),
-            method="POST",
-            headers={
-                "Content-Type": "application/json",
-                "Idempotency-Key": context.idempotency_key,
-            },
-        )
+        headers = {
+            "Content-Type": "application/json",
+            "Idempotency-Key": context.idempotency_key,
+        }
+        if self.token is not None:
+            try:
+                headers["Authorization"] = f"Bearer {self.token()}"
+            except Exception as exc:
+                return CallResult(AbiStatus.ERROR, f"service {service!r}: no bearer token: {exc}")
+        req = urllib.request.Request(url, data=request.encode(), method="POST", headers=headers)
         try:
             with urllib.request.urlopen(req, timeout=self.timeout_s) as resp:
                 return CallResult(AbiStatus.OK, resp.read().decode("utf-8", "replace"))
@@ -229,11 +237,17 @@ class ServiceRegistry:
 
     honours_idempotency_keys = True
 
-    def __init__(self, services: Mapping[str, Any] | None = None, http_timeout_s: float = 30.0):
+    def __init__(
+        self,
+        services: Mapping[str, Any] | None = None,
+        http_timeout_s: float = 30.0,
+        tokens: Mapping[str, Callable[[], str]] | None = None,
+    ):
         self._spec = dict(services or {})
         self._resolved: dict[str, PythonService | HttpService] = {}
         self._tasks: dict[str, TaskService] = {}
         self.http_timeout_s = http_timeout_s
+        self._tokens = dict(tokens or {})
 
     def register(self, name: str, target: Any) -> None:
         self._spec[name] = target
@@ -277,7 +291,9 @@ class ServiceRegistry:
             return tasks if isinstance(tasks, str) else f"service {name!r} runs as tasks"
         try:
             if isinstance(target, str) and target.startswith(("http://", "https://")):
-                resolved: PythonService | HttpService = HttpService(target, self.http_timeout_s)
+                resolved: PythonService | HttpService = HttpService(
+                    target, self.http_timeout_s, self._tokens.get(name)
+                )
             elif isinstance(target, str):
                 resolved = PythonService(import_dotted(target))
             else:
@@ -757,13 +773,14 @@ class Services:
         resolvers: Mapping[str, Any] | None = None,
         plugin_guard: Mapping[str, Mapping[str, Sequence[str]]] | None = None,
         plugin_cooldown_s: float = 60.0,
+        service_tokens: Mapping[str, Callable[[], str]] | None = None,
     ) -> Services:
         loaded = {
             name: (import_dotted(path) if isinstance(path, str) else path)
             for name, path in (resolvers or {}).items()
         }
         return cls(
-            caller=ServiceRegistry(services),
+            caller=ServiceRegistry(services, tokens=service_tokens),
             fetcher=Fetcher(fetch_allow, fetch_allow_private),
             plugins=PluginRegistry(plugins, guard=plugin_guard, cooldown_s=plugin_cooldown_s),
             resolvers=loaded,

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 from functools import cache
 from pathlib import Path
@@ -24,8 +25,15 @@ class CleatSettings:
     plugins: dict[str, Any]
     plugin_guard: dict[str, Any]
     plugin_cooldown_s: float
+    service_tokens: dict[str, str]
 
     def build_services(self) -> Services:
+        from workflows import secrets
+
+        tokens = {
+            name: functools.partial(secrets.resolve, spec)
+            for name, spec in self.service_tokens.items()
+        }
         return Services.from_settings(
             self.services,
             fetch_allow=self.fetch_allow,
@@ -34,6 +42,7 @@ class CleatSettings:
             resolvers=self.ambiguity_resolvers,
             plugin_guard=self.plugin_guard,
             plugin_cooldown_s=self.plugin_cooldown_s,
+            service_tokens=tokens,
         )
 
 
@@ -83,4 +92,5 @@ def cleat_settings() -> CleatSettings:
         plugins=_mapping("CLEAT_PLUGINS"),
         plugin_guard=_mapping("CLEAT_PLUGIN_GUARD"),
         plugin_cooldown_s=float(getattr(settings, "CLEAT_PLUGIN_COOLDOWN_SECONDS", 60.0)),
+        service_tokens=_mapping("CLEAT_SERVICE_TOKENS"),
     )

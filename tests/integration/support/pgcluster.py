@@ -37,7 +37,11 @@ def _free_port() -> int:
 
 
 class ThrowawayCluster:
-    def __init__(self) -> None:
+    """``password``: the ``postgres`` role's, and connections over TCP must give one
+    (scram-sha-256); the socket in ``root`` stays trusted (``psql`` below uses it)."""
+
+    def __init__(self, password: str | None = None) -> None:
+        self.password = password
         if not (PG_BIN / "initdb").exists():
             raise AssertionError(
                 f"no initdb in {PG_BIN}: install PostgreSQL's server binaries or set CLEAT_PG_BIN"
@@ -70,7 +74,34 @@ class ThrowawayCluster:
         return ""
 
     def init(self) -> None:
-        self._run("initdb", "-D", str(self.data), "-U", "postgres", "--auth=trust", "-E", "UTF8")
+        auth = ["--auth=trust"]
+        if self.password is not None:
+            pwfile = self.root / "pwfile"
+            pwfile.write_text(self.password + "\n")
+            if self._as_postgres:
+                user = pwd.getpwnam("postgres")
+                os.chown(pwfile, user.pw_uid, user.pw_gid)
+            auth = ["--auth-local=trust", "--auth-host=scram-sha-256", f"--pwfile={pwfile}"]
+        self._run("initdb", "-D", str(self.data), "-U", "postgres", *auth, "-E", "UTF8")
+
+    def psql(self, sql: str, database: str = "cleat") -> str:
+        """Run ``sql`` as ``postgres`` over the (trusted) socket."""
+        done = self._run(
+            "psql",
+            "-h",
+            str(self.root),
+            "-p",
+            str(self.port),
+            "-U",
+            "postgres",
+            "-d",
+            database,
+            "-v",
+            "ON_ERROR_STOP=1",
+            "-tAc",
+            sql,
+        )
+        return done.stdout.strip()
 
     def start(self) -> None:
         options = (
@@ -88,11 +119,14 @@ class ThrowawayCluster:
         self.start()
         self.restarts += 1
 
-    def url(self, user: str = "postgres", database: str = "cleat") -> str:
-        return f"postgres://{user}@127.0.0.1:{self.port}/{database}"
+    def url(self, user: str = "postgres", database: str = "cleat", password: str = "") -> str:
+        if user == "postgres" and not password and self.password is not None:
+            password = self.password
+        auth = f"{user}:{password}" if password else user
+        return f"postgres://{auth}@127.0.0.1:{self.port}/{database}"
 
     def create_database(self, name: str = "cleat") -> None:
-        self._run("createdb", "-h", "127.0.0.1", "-p", str(self.port), "-U", "postgres", name)
+        self._run("createdb", "-h", str(self.root), "-p", str(self.port), "-U", "postgres", name)
 
     def destroy(self) -> None:
         with contextlib.suppress(AssertionError, subprocess.TimeoutExpired):
@@ -101,8 +135,8 @@ class ThrowawayCluster:
 
 
 @contextmanager
-def throwaway_cluster() -> Iterator[ThrowawayCluster]:
-    cluster = ThrowawayCluster()
+def throwaway_cluster(password: str | None = None) -> Iterator[ThrowawayCluster]:
+    cluster = ThrowawayCluster(password)
     try:
         cluster.init()
         cluster.start()
