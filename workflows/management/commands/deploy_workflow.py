@@ -10,6 +10,7 @@ import wasmtime
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
 from engine.backend import detect_kind
+from engine.errors import InvalidModule
 from engine.versions import ChildBinding
 from workflows import artifacts
 from workflows.api.parsers import max_module_bytes
@@ -91,7 +92,10 @@ class Command(VersionOptionMixin, BaseCommand):
                 data = wasmtime.wat2wasm(data.decode())
             except (wasmtime.WasmtimeError, UnicodeDecodeError) as exc:
                 raise CommandError(f"{path} is not valid WAT: {exc}") from None
-        component = detect_kind(data) == "component"
+        try:
+            component = detect_kind(data) == "component"
+        except InvalidModule:
+            component = False  # deploy_definition refuses it, naming why
         if component:
             # A Python workflow's component compiles for seconds: say so, or it looks hung.
             self.stderr.write(
