@@ -12,6 +12,7 @@ from django.core.exceptions import ImproperlyConfigured
 
 from engine.config import MIB, EngineConfig
 from engine.services import Services
+from workflows import tracing
 
 
 @dataclass(frozen=True)
@@ -34,6 +35,7 @@ class CleatSettings:
             resolvers=self.ambiguity_resolvers,
             plugin_guard=self.plugin_guard,
             plugin_cooldown_s=self.plugin_cooldown_s,
+            tracer=tracing.tracer(),
         )
 
 
