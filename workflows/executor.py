@@ -218,7 +218,7 @@ def _describe_segment(span: Span, result: SegmentResult) -> None:
     span.set_attribute("cleat.recorded_steps", len(result.recorded))
     span.set_attribute("cleat.replayed_steps", result.replayed_steps)
     if isinstance(result.outcome, Failed):
-        span.set_attribute("cleat.error_code", str(result.outcome.code))
+        span.set_attribute("cleat.error_code", result.outcome.code.value)
         span.set_status(Status(StatusCode.ERROR, detail[:200]))
 
 

@@ -362,3 +362,34 @@ def test_console_tracing_prints_the_spans(
     tracing.shutdown()
     out = capfd.readouterr().out
     assert '"name": "cleat.start"' in out and f'"trace_id": "0x{CALLER_TRACE}"' in out
+
+
+def test_the_client_and_an_ambient_span_carry_the_trace(
+    tenant: Tenant, recorder: Recorder, exporter: InMemorySpanExporter
+) -> None:
+    """``client.start(traceparent=...)`` joins that trace; without one, a start made inside
+    the application's own span joins the application's trace."""
+    from opentelemetry.sdk.trace import TracerProvider as AppProvider
+
+    from workflows import client
+
+    env = make_env(tenant, recorder)
+    try:
+        env.deploy("kid", kid_wasm())
+        explicit = client.start("kid", 1, traceparent=CALLER)
+        app_tracer = AppProvider().get_tracer("shop")
+        with app_tracer.start_as_current_span("checkout") as app_span:
+            ambient = client.start("kid", 2)
+        app_trace = f"{app_span.get_span_context().trace_id:032x}"
+    finally:
+        env.close()
+    assert instance(tenant, explicit.id).trace_id == CALLER_TRACE
+    assert instance(tenant, ambient.id).trace_id == app_trace != CALLER_TRACE
+    parent = instance(tenant, ambient.id).trace_parent
+    (start,) = [
+        s
+        for s in exporter.get_finished_spans()
+        if s.name == "cleat.start" and (s.attributes or {})["cleat.run_id"] == str(ambient.id)
+    ]
+    assert parent_id(start) == f"{app_span.get_span_context().span_id:016x}"
+    assert parent is not None and parent.startswith(f"00-{app_trace}-{hexid(start)}-")
