@@ -163,16 +163,22 @@ def _execute_claim(
             services = _untraced(services)
     try:
         with span_scope as span:
-            result = runtime.run_segment(
-                module, run, loaded.history, storage, services, engine_clock
-            )
-            if storage.lost is not None and _host_failure(result):
-                # The engine reports a storage exception as the run's `internal` failure; when
-                # it was the connection, the run is released instead (no attempt spent).
-                raise storage.lost
-            if span is not None:
-                _describe_segment(span, result)
-            finalized = _finalize(loaded.ref, result, clock() if clock else None)
+            try:
+                result = runtime.run_segment(
+                    module, run, loaded.history, storage, services, engine_clock
+                )
+                if storage.lost is not None and _host_failure(result):
+                    # The engine reports a storage exception as the run's `internal` failure;
+                    # when it was the connection, the run is released instead (no attempt
+                    # spent).
+                    raise storage.lost
+                if span is not None:
+                    _describe_segment(span, result)
+                finalized = _finalize(loaded.ref, result, clock() if clock else None)
+            except FenceLost:
+                if span is not None:  # another worker owns the run: this segment counts not
+                    span.set_attribute("cleat.outcome", "fence_lost")
+                raise
     except FenceLost as exc:
         log.info("event=fence_lost run=%s detail=%s", claim.id, exc)
         return SegmentReport(str(claim.id), "fence_lost", "", 0, 0, _ms(started), str(exc))
