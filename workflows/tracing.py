@@ -16,6 +16,7 @@ the executor opens each segment's span under it (:func:`segment_span`).
 
 from __future__ import annotations
 
+import importlib.util
 import sys
 import threading
 from collections.abc import Iterator, Mapping
@@ -32,6 +33,7 @@ from engine.tracing import context_of, parse_traceparent, span_traceparent
 
 MODES = ("off", "console", "otlp", "global")
 OTLP_PACKAGE = "opentelemetry-exporter-otlp-proto-http"
+OTLP_MODULE = "opentelemetry.exporter.otlp.proto.http.trace_exporter"
 TRACER_NAME = "cleat"
 
 _lock = threading.Lock()
@@ -47,6 +49,29 @@ def mode() -> str:
             f"CLEAT_TRACING must be one of {', '.join(MODES)}, not {value!r}"
         )
     return value
+
+
+def _otlp_missing() -> str:
+    return (
+        f"CLEAT_TRACING=otlp needs the package {OTLP_PACKAGE} "
+        "(pip install -r requirements-otlp.txt)"
+    )
+
+
+def configuration_fault() -> str | None:
+    """What is wrong with the tracing settings (the system check workflows.E003), or None."""
+    try:
+        chosen = mode()
+    except ImproperlyConfigured as exc:
+        return str(exc)
+    if chosen == "otlp":
+        try:
+            found = importlib.util.find_spec(OTLP_MODULE)
+        except (ImportError, ValueError):
+            found = None
+        if found is None:
+            return _otlp_missing()
+    return None
 
 
 def _build(chosen: str) -> tuple[Tracer | None, Any]:
@@ -70,10 +95,7 @@ def _build(chosen: str) -> tuple[Tracer | None, Any]:
         try:
             from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
         except ImportError:
-            raise ImproperlyConfigured(
-                f"CLEAT_TRACING=otlp needs the package {OTLP_PACKAGE} "
-                "(pip install -r requirements-otlp.txt)"
-            ) from None
+            raise ImproperlyConfigured(_otlp_missing()) from None
         endpoint = str(getattr(settings, "CLEAT_OTLP_ENDPOINT", "") or "") or None
         exporter = OTLPSpanExporter(endpoint=endpoint)
     service = str(getattr(settings, "CLEAT_TRACING_SERVICE_NAME", "cleat") or "cleat")

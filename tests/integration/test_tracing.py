@@ -19,6 +19,7 @@ import pytest
 from django.contrib.auth import get_user_model
 from django.core.cache import cache
 from django.core.management import CommandError, call_command
+from django.core.management.base import SystemCheckError
 from django.test import Client
 from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
@@ -338,8 +339,8 @@ def test_the_worker_refuses_a_tracing_setting_it_cannot_honour(
     mode: str,
     message: str,
 ) -> None:
-    """A bad mode, or OTLP without its optional package, stops ``runworker`` with the
-    reason, not a traceback."""
+    """A bad mode, or OTLP without its optional package, stops ``runworker`` and fails
+    ``manage.py check`` with the reason, not a traceback."""
     try:
         import opentelemetry.exporter.otlp.proto.http  # noqa: F401
     except ImportError:
@@ -351,6 +352,9 @@ def test_the_worker_refuses_a_tracing_setting_it_cannot_honour(
     settings.CLEAT_TRACING = mode
     with pytest.raises(CommandError, match=re.escape(message)):
         call_command("runworker", "--burst")
+    # The system check (web processes, manage.py check) says the same.
+    with pytest.raises(SystemCheckError, match=re.escape(message)):
+        call_command("check")
 
 
 def test_console_tracing_prints_the_spans(
