@@ -176,7 +176,7 @@ def _execute_claim(
                     _describe_segment(span, result)
                 finalized = _finalize(loaded.ref, result, clock() if clock else None)
             except FenceLost:
-                if span is not None:  # another worker owns the run: this segment counts not
+                if span is not None:  # another worker owns the run: this work is dropped
                     span.set_attribute("cleat.outcome", "fence_lost")
                 raise
     except FenceLost as exc:
