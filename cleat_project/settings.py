@@ -298,6 +298,12 @@ CLEAT_PLUGIN_GUARD = env.json("CLEAT_PLUGIN_GUARD", default={})
 # A plugin function that raises (anything but the permanent error) marks its plugin unhealthy
 # for this long: calls to it answer ERROR meanwhile, without being made.
 CLEAT_PLUGIN_COOLDOWN_SECONDS = env.float("CLEAT_PLUGIN_COOLDOWN_SECONDS", default=60.0)
+# Tracing with OpenTelemetry (docs/operations.md, "Tracing"): off, console, otlp (spans sent
+# over OTLP/HTTP to CLEAT_OTLP_ENDPOINT, e.g. http://collector:4318/v1/traces; needs
+# requirements-otlp.txt) or global (the tracer provider the project set up itself).
+CLEAT_TRACING = env.str("CLEAT_TRACING", default="off")
+CLEAT_OTLP_ENDPOINT = env.str("CLEAT_OTLP_ENDPOINT", default="")
+CLEAT_TRACING_SERVICE_NAME = env.str("CLEAT_TRACING_SERVICE_NAME", default="cleat")
 # A waiting run re-checks its wait at least this often (recovers a wake lost to a crash).
 CLEAT_WAIT_RECHECK_SECONDS = env.float("CLEAT_WAIT_RECHECK_SECONDS", default=300.0)
 # Fairness between tenants: most runs of one tenant running at once, for a tenant that sets

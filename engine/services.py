@@ -36,9 +36,12 @@ from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, NamedTuple, Protocol
 
+from opentelemetry.trace import Tracer
+
 from engine.errors import PermanentError
 from engine.events import json_loads
 from engine.status import AbiStatus
+from engine.tracing import TRACEPARENT, current_traceparent
 from engine.versions import parse_semver
 
 log = logging.getLogger(__name__)
@@ -192,6 +195,16 @@ class PythonService:
         return fn if callable(fn) else None
 
 
+def _traced_headers(headers: dict[str, str]) -> dict[str, str]:
+    """``headers`` with the current span's ``traceparent`` (engine.tracing), unless there is
+    no current span or the caller set one: added here, at the I/O boundary, so the recorded
+    request never depends on tracing."""
+    traceparent = current_traceparent()
+    if traceparent is not None and not any(k.lower() == TRACEPARENT for k in headers):
+        headers[TRACEPARENT] = traceparent
+    return headers
+
+
 class HttpService:
     """An HTTP service: ``POST base_url + operation``. ``token`` gives the bearer token to send
     (``Authorization: Bearer …``), asked at every call so a rotated one is used at once; a
@@ -215,7 +228,9 @@ class HttpService:
                 headers["Authorization"] = f"Bearer {self.token()}"
             except Exception as exc:
                 return CallResult(AbiStatus.ERROR, f"service {service!r}: no bearer token: {exc}")
-        req = urllib.request.Request(url, data=request.encode(), method="POST", headers=headers)
+        req = urllib.request.Request(
+            url, data=request.encode(), method="POST", headers=_traced_headers(headers)
+        )
         try:
             with urllib.request.urlopen(req, timeout=self.timeout_s) as resp:
                 return CallResult(AbiStatus.OK, resp.read().decode("utf-8", "replace"))
@@ -580,7 +595,7 @@ class Fetcher:
             url,
             data=body.encode() if body else None,
             method=method,
-            headers={str(k): str(v) for k, v in header_map.items()},
+            headers=_traced_headers({str(k): str(v) for k, v in header_map.items()}),
         )
         req.cleat_pin = pin  # type: ignore[attr-defined]
         try:
@@ -761,6 +776,8 @@ class Services:
     fetcher: Fetcher
     plugins: PluginRegistry
     resolvers: Mapping[str, AmbiguityResolver]
+    # The OpenTelemetry tracer of the segment's spans; None: tracing off (engine.tracing).
+    tracer: Tracer | None = None
 
     @classmethod
     def from_settings(
@@ -774,6 +791,7 @@ class Services:
         plugin_guard: Mapping[str, Mapping[str, Sequence[str]]] | None = None,
         plugin_cooldown_s: float = 60.0,
         service_tokens: Mapping[str, Callable[[], str]] | None = None,
+        tracer: Tracer | None = None,
     ) -> Services:
         loaded = {
             name: (import_dotted(path) if isinstance(path, str) else path)
@@ -784,4 +802,5 @@ class Services:
             fetcher=Fetcher(fetch_allow, fetch_allow_private),
             plugins=PluginRegistry(plugins, guard=plugin_guard, cooldown_s=plugin_cooldown_s),
             resolvers=loaded,
+            tracer=tracer,
         )

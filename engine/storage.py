@@ -130,6 +130,8 @@ class StartChild:
     priority: int
     parent_close_policy: str
     parent_version: int
+    # The child's trace context (engine.tracing): the child-start span; "" with tracing off.
+    traceparent: str = ""
 
 
 @dataclass(frozen=True, slots=True)

@@ -19,6 +19,7 @@ class WorkflowsConfig(AppConfig):
 
         checks.register(check_fetch_allow_list)
         checks.register(check_retention_settings)
+        checks.register(check_tracing_settings)
         celery_calls.register()
         # First, so a pass of the loop reaps before the apps' duties (and the claim) run.
         duties.register("reaper", reaper_duty)
@@ -59,3 +60,12 @@ def check_retention_settings(app_configs: Any = None, **kwargs: Any) -> list[che
     except ImproperlyConfigured as exc:
         return [checks.Error(str(exc), id="workflows.E002", obj="CLEAT_RETAIN_*")]
     return []
+
+
+def check_tracing_settings(app_configs: Any = None, **kwargs: Any) -> list[checks.CheckMessage]:
+    """``CLEAT_TRACING`` must be a known mode, and ``otlp`` needs its optional exporter
+    package: the web processes and the worker refuse to start rather than trace nowhere."""
+    from workflows.tracing import configuration_fault
+
+    fault = configuration_fault()
+    return [] if fault is None else [checks.Error(fault, id="workflows.E003", obj="CLEAT_TRACING")]

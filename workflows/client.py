@@ -124,13 +124,15 @@ def start(
     priority: int = 0,
     task_queue: str = "default",
     tenant: TenantLike = None,
+    traceparent: str | None = None,
 ) -> Run:
     """Start a run of workflow ``name`` with ``input`` (any JSON-serialisable value).
 
     The version is ``version``, else the one ``tag`` names, else the routing rules', else the
     latest. A repeated ``idempotency_key`` returns the run it started the first time (a
     double-clicked form starts one order). The run is committed with the caller's
-    transaction; a worker picks it up after the commit."""
+    transaction; a worker picks it up after the commit. With tracing on, the run joins the
+    trace of ``traceparent`` (a W3C header value), else of the current span."""
     instance, _ = services.start_workflow(
         _tenant(tenant),
         name,
@@ -141,6 +143,7 @@ def start(
         workflow_id=workflow_id,
         priority=priority,
         task_queue=task_queue,
+        traceparent=traceparent,
     )
     return Run.of(instance)
 

@@ -13,6 +13,7 @@ from django.core.exceptions import ImproperlyConfigured
 
 from engine.config import MIB, EngineConfig
 from engine.services import Services
+from workflows import tracing
 
 
 @dataclass(frozen=True)
@@ -43,6 +44,7 @@ class CleatSettings:
             plugin_guard=self.plugin_guard,
             plugin_cooldown_s=self.plugin_cooldown_s,
             service_tokens=tokens,
+            tracer=tracing.tracer(),
         )
 
 

@@ -4,6 +4,7 @@ by anything else that executes runs (tests, the Celery dispatch mode)."""
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import logging
 import threading
 import time
@@ -13,6 +14,7 @@ from datetime import datetime
 from typing import Any
 
 from django.db import DatabaseError, InterfaceError, OperationalError, connection
+from opentelemetry.trace import Span, Status, StatusCode
 
 from engine.errors import ErrorCode, FenceLost, InvalidModule
 from engine.lifecycle import outcome_kind
@@ -25,6 +27,7 @@ from engine.session import (
     failed,
 )
 from engine.storage import RunRef
+from engine.tracing import segment_span
 from workflows import faults
 from workflows.conf import cleat_settings
 from workflows.store.lifecycle import (
@@ -154,15 +157,32 @@ def _execute_claim(
     )
     storage = _WatchedStorage(DjangoStorage(claim.tenant_id, clock))
     engine_clock = (lambda: int(clock().timestamp() * 1000)) if clock else None
+    services = get_services()
+    tracer = services.tracer
+    span_scope: contextlib.AbstractContextManager[Span | None] = contextlib.nullcontext()
+    if tracer is not None:
+        if instance.trace_parent:
+            span_scope = segment_span(tracer, instance.trace_parent, _segment_attributes(loaded))
+        else:  # started while tracing was off: its calls make no orphan spans either
+            services = _untraced(services)
     try:
-        result = runtime.run_segment(
-            module, run, loaded.history, storage, get_services(), engine_clock
-        )
-        if storage.lost is not None and _host_failure(result):
-            # The engine reports a storage exception as the run's `internal` failure; when
-            # it was the connection, the run is released instead (no attempt spent).
-            raise storage.lost
-        finalized = _finalize(loaded.ref, result, clock() if clock else None)
+        with span_scope as span:
+            try:
+                result = runtime.run_segment(
+                    module, run, loaded.history, storage, services, engine_clock
+                )
+                if storage.lost is not None and _host_failure(result):
+                    # The engine reports a storage exception as the run's `internal` failure;
+                    # when it was the connection, the run is released instead (no attempt
+                    # spent).
+                    raise storage.lost
+                if span is not None:
+                    _describe_segment(span, result)
+                finalized = _finalize(loaded.ref, result, clock() if clock else None)
+            except FenceLost:
+                if span is not None:  # another worker owns the run: this work is dropped
+                    span.set_attribute("cleat.outcome", "fence_lost")
+                raise
     except FenceLost as exc:
         log.info("event=fence_lost run=%s detail=%s", claim.id, exc)
         return SegmentReport(str(claim.id), "fence_lost", "", 0, 0, _ms(started), str(exc))
@@ -187,6 +207,41 @@ def _execute_claim(
         _ms(started),
         detail,
     )
+
+
+def _segment_attributes(loaded: LoadedRun) -> dict[str, Any]:
+    instance = loaded.instance
+    return {
+        "cleat.tenant": str(instance.tenant_id),
+        "cleat.workflow_id": instance.workflow_id,
+        "cleat.run_id": str(instance.id),
+        "cleat.definition": instance.definition_name,
+        "cleat.version": instance.definition_version,
+        "cleat.attempt": instance.attempt,
+        "cleat.generation": loaded.claim.generation,
+    }
+
+
+def _describe_segment(span: Span, result: SegmentResult) -> None:
+    kind, detail = outcome_kind(result.outcome)
+    span.set_attribute("cleat.outcome", kind)
+    span.set_attribute("cleat.recorded_steps", len(result.recorded))
+    span.set_attribute("cleat.replayed_steps", result.replayed_steps)
+    if isinstance(result.outcome, Failed):
+        span.set_attribute("cleat.error_code", result.outcome.code.value)
+        span.set_status(Status(StatusCode.ERROR, detail[:200]))
+
+
+_untraced_services: tuple[Services, Services] | None = None
+
+
+def _untraced(services: Services) -> Services:
+    """``services`` without the tracer (made once per services object)."""
+    global _untraced_services
+    cached = _untraced_services
+    if cached is None or cached[0] is not services:
+        cached = _untraced_services = (services, dataclasses.replace(services, tracer=None))
+    return cached[1]
 
 
 def _load(claim: Claim, worker_id: str) -> LoadedRun | None:

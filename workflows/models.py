@@ -356,7 +356,16 @@ class WorkflowInstance(TenantScoped):
     event_count = models.PositiveIntegerField(default=0)
     cancel_requested = models.BooleanField(default=False)
     cancel_reason = models.TextField(null=True, blank=True)
+    # The W3C trace this run belongs to (workflows/tracing.py): its trace id, and the
+    # traceparent its segments' spans are children of. NULL with tracing off.
     trace_id = models.CharField(max_length=32, null=True, blank=True)
+    trace_parent = models.CharField(
+        max_length=55,
+        null=True,
+        blank=True,
+        editable=False,
+        help_text="W3C traceparent the run's segment spans continue (None: not traced).",
+    )
     attempt = models.PositiveIntegerField(default=1, help_text="Segment attempt after failures.")
     waiting_on = models.JSONField(null=True, blank=True)
     paused_from = models.CharField(max_length=16, null=True, blank=True)

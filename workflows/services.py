@@ -26,6 +26,7 @@ from engine.policies import external_signal_refusal
 from engine.recorded import RecordedRun
 from engine.storable import json_text_fault
 from engine.versions import move_refusal
+from workflows import tracing
 from workflows.models import (
     PRIORITY_MAX,
     PRIORITY_MIN,
@@ -212,9 +213,12 @@ def start_workflow(
     workflow_id: str | None = None,
     entry_point: str = "run",
     max_priority: int = PRIORITY_MAX,
+    traceparent: str | None = None,
 ) -> tuple[WorkflowInstance, bool]:
     """Start a run. A repeated ``idempotency_key`` returns the existing run (created=False).
-    ``max_priority`` is the caller's ceiling (an API key's role: :func:`priority_ceiling`)."""
+    ``max_priority`` is the caller's ceiling (an API key's role: :func:`priority_ceiling`).
+    With tracing on, the run joins the caller's trace: ``traceparent`` (a W3C header value;
+    a malformed one is ignored), else the current span, else a new trace (workflows.tracing)."""
     text = json_text(input, "input")
     check_priority(priority, max_priority)
     if idempotency_key is not None and not (0 < len(idempotency_key) <= 255):
@@ -239,8 +243,17 @@ def start_workflow(
                 "entry_point",
             )
         run_id = uuid.uuid4()
+        attributes = {
+            "cleat.tenant": str(tenant.id),
+            "cleat.run_id": str(run_id),
+            "cleat.definition": definition.name,
+            "cleat.version": definition.version,
+        }
         try:
-            with transaction.atomic():
+            with (
+                tracing.start_span(traceparent, attributes) as span,
+                transaction.atomic(),
+            ):
                 instance = WorkflowInstance.objects.create(
                     id=run_id,
                     tenant=tenant,
@@ -253,6 +266,7 @@ def start_workflow(
                     priority=priority,
                     task_queue=task_queue,
                     start_idempotency_key=idempotency_key,
+                    **tracing.stored_context(span),
                 )
         except IntegrityError:
             existing = WorkflowInstance.objects.filter(

@@ -19,6 +19,7 @@ from engine.lifecycle import RetryPolicy
 from engine.services import Services
 from engine.testing import RecordingCaller
 from workflows import services as svc
+from workflows import tracing
 from workflows.definitions import (
     deploy_definition,
     deprecate_definition,
@@ -79,7 +80,9 @@ class DatabaseWorkflowEnvironment:
     ) -> None:
         self.tenant = tenant
         self.clock = VirtualClock(controlled_clock)
-        self.services = Services.from_settings(services, plugins=plugins, plugin_guard=plugin_guard)
+        self.services = Services.from_settings(
+            services, plugins=plugins, plugin_guard=plugin_guard, tracer=tracing.tracer()
+        )
         self.caller = RecordingCaller(self.services.caller)
         self.services.caller = self.caller
         set_services(self.services)

@@ -39,6 +39,7 @@ from engine.session.replay import (
 )
 from engine.status import AbiStatus
 from engine.storage import DispatchTask, EnqueueInvocation, TaskCallRecord
+from engine.tracing import DURABLE_CALL, FETCH
 
 log = logging.getLogger("cleat.engine")
 
@@ -84,7 +85,12 @@ class CallOps(ReplayCore):
                 pending=True,
             )
             self._record_now(intent)
-        result = self._io(lambda: self.services.caller.call(service, operation, request, context))
+        result = self._io(
+            lambda: self.services.caller.call(service, operation, request, context),
+            DURABLE_CALL,
+            service,
+            operation,
+        )
         crash_point("after_call")  # the effect happened; its event is not committed yet
         event = self._call_event(step, service, operation, request, result)
         if write_ahead:
@@ -372,7 +378,10 @@ class CallOps(ReplayCore):
                 result = self._io(
                     functools.partial(
                         self.services.caller.call, service, operation, request, context
-                    )
+                    ),
+                    DURABLE_CALL,
+                    service,
+                    operation,
                 )
                 event = self._record_now(
                     self._call_event(step, service, operation, request, result, attempt)
@@ -420,7 +429,10 @@ class CallOps(ReplayCore):
         ticker.start()
         try:
             result = self._io(
-                lambda: self.services.caller.call(service, operation, request, context)
+                lambda: self.services.caller.call(service, operation, request, context),
+                DURABLE_CALL,
+                service,
+                operation,
             )
         finally:
             stop.set()
@@ -503,7 +515,9 @@ class CallOps(ReplayCore):
         event = self._match(FetchEvent, (method, url, headers, body))
         if event is None:
             step = self.step
-            result = self._io(lambda: self.services.fetcher.fetch(method, url, headers, body))
+            result = self._io(
+                lambda: self.services.fetcher.fetch(method, url, headers, body), FETCH, method, url
+            )
             ok = result.status == AbiStatus.OK
             event = self._record_now(
                 FetchEvent(

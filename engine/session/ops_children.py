@@ -4,8 +4,13 @@ child workflows, continue-as-new and detached runs.
 
 from __future__ import annotations
 
+import dataclasses
 import json
+from collections.abc import Callable
 from typing import Any
+
+from opentelemetry import trace
+from opentelemetry.trace import Tracer
 
 from engine.determinism import derived_uuid
 from engine.errors import GuestFault, Refused
@@ -30,6 +35,7 @@ from engine.session.replay import (
 )
 from engine.status import AbiStatus, status_from_byte
 from engine.storage import ChildOutcome, StartChild, StartDetached
+from engine.tracing import CHILD_START, span_traceparent, status_label
 
 PARENT_CLOSE_POLICIES = ("terminate", "abandon", "request_cancel")
 
@@ -132,10 +138,36 @@ class ChildOps(ReplayCore):
             mutation = StartChild(
                 run_id, name, input, version, int(priority), policy, self.run.version
             )
-            event = self._apply(mutation, make, refused)
+            tracer = self.services.tracer
+            if tracer is None:
+                event = self._apply(mutation, make, refused)
+            else:
+                event = self._traced_child_start(tracer, mutation, make, refused)
         if event.status != AbiStatus.OK:
             return Reply(event.status, event.error)
         return Reply(AbiStatus.OK, event.run_id)
+
+    def _traced_child_start(
+        self,
+        tracer: Tracer,
+        mutation: StartChild,
+        make: Callable[[Any], ChildWorkflowEvent],
+        refused: Callable[[Refused], ChildWorkflowEvent],
+    ) -> ChildWorkflowEvent:
+        """Start the child inside a ``cleat.child_start`` span, which becomes the parent of
+        the child's segments (its ``traceparent`` travels with the start)."""
+        attributes: dict[str, str | int] = {
+            "cleat.child.definition": mutation.name,
+            "cleat.step": self.step,
+        }
+        with tracer.start_as_current_span(CHILD_START, attributes=attributes) as span:
+            traced = dataclasses.replace(mutation, traceparent=span_traceparent(span) or "")
+            event = self._apply(traced, make, refused)
+            span.set_attribute("cleat.child.run_id", event.run_id)
+            span.set_attribute("cleat.status", status_label(event.status))
+            if event.status != AbiStatus.OK:
+                span.set_status(trace.Status(trace.StatusCode.ERROR, event.error[:200]))
+        return event
 
     def await_child(self, run_id: str) -> Reply:
         event = self._match(AwaitChildEvent, (run_id,))

@@ -81,6 +81,7 @@ from engine.services import CallResult, Services
 from engine.status import AbiStatus, status_from_byte
 from engine.storable import json_text_fault, readable_text, text_fault
 from engine.storage import Mutation, RunRef, WorkflowStorage
+from engine.tracing import traced_call
 
 log = logging.getLogger("cleat.engine")
 
@@ -353,7 +354,15 @@ class ReplayCore:
             self._vnow = event.ts
         return event
 
-    def _io(self, fn: Callable[[], CallResult]) -> CallResult:
+    def _io(
+        self, fn: Callable[[], CallResult], span: str = "", a: str = "", b: str = ""
+    ) -> CallResult:
+        """Run a call that leaves the process; with tracing on, in a current span named
+        ``span`` (engine.tracing: ``a``, ``b`` are its service and operation, or method and
+        URL). Only a fresh call comes here: a replayed one makes no span."""
+        tracer = self.services.tracer
+        if tracer is not None and span:
+            return traced_call(tracer, span, a, b, self.step, lambda: self._io(fn))
         started = time.monotonic()
         try:
             return fn()

@@ -350,6 +350,11 @@ class RunSerializer(serializers.ModelSerializer):
     waiting_on = RedactedJsonField(allow_null=True)
     query_state = QueryStateField()
     events = serializers.IntegerField(source="event_count", read_only=True)
+    trace_id = serializers.CharField(
+        read_only=True,
+        allow_null=True,
+        help_text="The W3C trace id of the run's spans (32 hex digits); null when not traced.",
+    )
     parent = serializers.UUIDField(source="parent_id", read_only=True, allow_null=True)
     continued_from = serializers.UUIDField(
         source="continued_from_id", read_only=True, allow_null=True
@@ -380,6 +385,7 @@ class RunSerializer(serializers.ModelSerializer):
             "continued_from",
             "continued_as",
             "cancel_requested",
+            "trace_id",
             "created_at",
             "started_at",
             "completed_at",

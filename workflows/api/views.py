@@ -629,6 +629,8 @@ class WorkflowViewSet(TenantViewSet):
                 workflow_id=body.get("workflow_id"),
                 entry_point=body["entry_point"],
                 max_priority=services.priority_ceiling(self.identity.role),
+                # W3C Trace Context: a malformed header is ignored, never a 400.
+                traceparent=request.headers.get("traceparent"),
             )
         except services.NotFound as exc:
             # The request names something that does not exist: bad input, not a missing URL.

@@ -665,6 +665,7 @@ def _successor(
         allowed_signals=instance.allowed_signals,
         continued_from=instance,
         trace_id=instance.trace_id,
+        trace_parent=instance.trace_parent,
         next_wake_at=now,
         created_at=now,
     )

@@ -49,6 +49,7 @@ from engine.storage import (
     UpdateRequest,
     child_status,
 )
+from engine.tracing import trace_id_of
 from engine.versions import (
     STABLE_TAG,
     ChildBinding,
@@ -352,6 +353,7 @@ class DjangoStorage:
                     priority=m.priority,
                     parent=True,
                     policy=m.parent_close_policy,
+                    traceparent=m.traceparent,
                     now=now,
                 )
             case StartDetached():
@@ -451,6 +453,7 @@ class DjangoStorage:
         priority: int = 0,
         parent: bool = False,
         policy: str = "terminate",
+        traceparent: str = "",
     ) -> str:
         if WorkflowInstance.objects.filter(id=run_id).exists():
             return run_id  # the same step started it before a crash
@@ -484,6 +487,8 @@ class DjangoStorage:
             task_queue=(parent_row or {}).get("task_queue", "default"),
             parent_id=ref.run_id if parent else None,
             parent_close_policy=policy,
+            trace_id=trace_id_of(traceparent) if traceparent else None,
+            trace_parent=traceparent or None,
             next_wake_at=now,
             created_at=now,
         )

@@ -9,9 +9,11 @@ import subprocess
 import sys
 from typing import Any
 
+from django.core.exceptions import ImproperlyConfigured
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 from django.db import DatabaseError, connection
 
+from workflows import tracing
 from workflows.management.commands._common import use_worker_connection_age
 from workflows.models import Tenant
 from workflows.rls import bypass_reasons, format_reasons
@@ -72,6 +74,10 @@ class Command(BaseCommand):
             concurrency = 1 if connection.vendor == "sqlite" else 4
         if concurrency < 1:
             raise CommandError("--concurrency must be at least 1")
+        try:
+            tracing.tracer()  # a bad CLEAT_TRACING (or OTLP without its package) stops here
+        except ImproperlyConfigured as exc:
+            raise CommandError(str(exc)) from None
         if options["processes"] > 1:
             self._supervise(options)
             return
@@ -91,7 +97,10 @@ class Command(BaseCommand):
             )
         )
         worker.install_signal_handlers()
-        processed = worker.run()
+        try:
+            processed = worker.run()
+        finally:
+            tracing.shutdown()  # export the spans still buffered
         if options["burst"]:
             self.stdout.write(f"processed {processed} segment(s)")
 
