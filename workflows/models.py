@@ -811,11 +811,11 @@ class WorkerProcess(models.Model):
     worker_id = models.CharField(
         max_length=128, primary_key=True, help_text="host-pid-suffix, or --worker-id."
     )
-    host = models.CharField(max_length=255)
-    pid = models.PositiveIntegerField()
+    host = models.CharField(max_length=255, help_text="The machine it runs on.")
+    pid = models.PositiveIntegerField(help_text="Its process id on that machine.")
     task_queues = models.JSONField(default=list, help_text="The task queues it claims from.")
     concurrency = models.PositiveIntegerField(help_text="Segments it runs at once.")
-    started_at = models.DateTimeField()
+    started_at = models.DateTimeField(help_text="Its first heartbeat.")
     heartbeat_at = models.DateTimeField(help_text="Its last heartbeat (the database's clock).")
     heartbeat_interval_s = models.FloatField(help_text="Seconds between its heartbeats.")
     runs_held = models.PositiveIntegerField(
@@ -826,7 +826,7 @@ class WorkerProcess(models.Model):
         default=0.0, help_text="Steps per second between its last two heartbeats."
     )
     last_error = models.TextField(blank=True, default="", help_text="Its loop's last error.")
-    last_error_at = models.DateTimeField(null=True, blank=True)
+    last_error_at = models.DateTimeField(null=True, blank=True, help_text="When it happened.")
 
     class Meta:
         verbose_name = "worker"

@@ -61,14 +61,14 @@ class Migration(migrations.Migration):
                         serialize=False,
                     ),
                 ),
-                ("host", models.CharField(max_length=255)),
-                ("pid", models.PositiveIntegerField()),
+                ("host", models.CharField(help_text="The machine it runs on.", max_length=255)),
+                ("pid", models.PositiveIntegerField(help_text="Its process id on that machine.")),
                 (
                     "task_queues",
                     models.JSONField(default=list, help_text="The task queues it claims from."),
                 ),
                 ("concurrency", models.PositiveIntegerField(help_text="Segments it runs at once.")),
-                ("started_at", models.DateTimeField()),
+                ("started_at", models.DateTimeField(help_text="Its first heartbeat.")),
                 (
                     "heartbeat_at",
                     models.DateTimeField(help_text="Its last heartbeat (the database's clock)."),
@@ -97,7 +97,10 @@ class Migration(migrations.Migration):
                     "last_error",
                     models.TextField(blank=True, default="", help_text="Its loop's last error."),
                 ),
-                ("last_error_at", models.DateTimeField(blank=True, null=True)),
+                (
+                    "last_error_at",
+                    models.DateTimeField(blank=True, help_text="When it happened.", null=True),
+                ),
             ],
             options={
                 "verbose_name": "worker",
