@@ -826,3 +826,56 @@ class CompiledArtifact(models.Model):
 
     def __str__(self) -> str:
         return f"{self.name} [{self.seq + 1}/{self.chunks}]"
+
+
+# A worker whose last heartbeat is older than this many of its own heartbeat intervals is
+# stale: stopped without saying so (SIGKILL, a lost machine) or unable to reach the database.
+# Three intervals is the lease (a heartbeat is due every third of it), the age at which the
+# reaper takes its runs back.
+STALE_AFTER_BEATS = 3
+
+
+class WorkerProcess(models.Model):
+    """One live ``manage.py runworker`` process, as it last reported itself. The worker
+    upserts its row on every heartbeat and deletes it on a clean stop; a row left behind by a
+    worker that died ages into :meth:`is_stale`.
+
+    Fleet-wide and not tenant-scoped: workers serve every tenant. The row holds nothing of
+    any tenant's (no run ids, no tenant, counts only), so it is not under row-level security;
+    who may see it is decided by the console's ``view_workerprocess`` permission and the API's
+    operator role. The runs a worker holds are read from the runs table, in a tenant's context.
+    """
+
+    worker_id = models.CharField(
+        max_length=128, primary_key=True, help_text="host-pid-suffix, or --worker-id."
+    )
+    host = models.CharField(max_length=255, help_text="The machine it runs on.")
+    pid = models.PositiveIntegerField(help_text="Its process id on that machine.")
+    task_queues = models.JSONField(default=list, help_text="The task queues it claims from.")
+    concurrency = models.PositiveIntegerField(help_text="Segments it runs at once.")
+    started_at = models.DateTimeField(help_text="Its first heartbeat.")
+    heartbeat_at = models.DateTimeField(help_text="Its last heartbeat (the database's clock).")
+    heartbeat_interval_s = models.FloatField(help_text="Seconds between its heartbeats.")
+    runs_held = models.PositiveIntegerField(
+        default=0, help_text="Segments running at its last heartbeat, all tenants."
+    )
+    steps_total = models.BigIntegerField(default=0, help_text="Durable steps since it started.")
+    steps_per_s = models.FloatField(
+        default=0.0, help_text="Steps per second between its last two heartbeats."
+    )
+    last_error = models.TextField(blank=True, default="", help_text="Its loop's last error.")
+    last_error_at = models.DateTimeField(null=True, blank=True, help_text="When it happened.")
+
+    class Meta:
+        verbose_name = "worker"
+        ordering = ["worker_id"]
+
+    def __str__(self) -> str:
+        return self.worker_id
+
+    def heartbeat_age_s(self, now: Any) -> float:
+        return max(0.0, (now - self.heartbeat_at).total_seconds())
+
+    def is_stale(self, now: Any) -> bool:
+        """Its heartbeat is older than STALE_AFTER_BEATS of its intervals."""
+        return self.heartbeat_age_s(now) > STALE_AFTER_BEATS * self.heartbeat_interval_s

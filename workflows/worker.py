@@ -39,7 +39,9 @@ from prometheus_client import Counter, Gauge, Histogram
 from workflows import duties
 from workflows.executor import SegmentReport, execute_claim, get_services
 from workflows.maintenance import maintenance_on_beat
+from workflows.redaction import redacted_text
 from workflows.store import invocations
+from workflows.store import workers as registry
 from workflows.store.lifecycle import (
     Claim,
     claim_ready_instances,
@@ -57,6 +59,11 @@ SEGMENT_SECONDS = Histogram("cleat_segment_seconds", "Wall time of one segment")
 CLAIMED = Counter("cleat_claimed_total", "Runs claimed")
 LOOP_ERRORS = Counter("cleat_worker_loop_errors_total", "Errors caught by the worker loop")
 INFLIGHT = Gauge("cleat_worker_inflight", "Segments running now")
+
+# The worker registry (workflows/store/workers.py): a row per live worker, upserted on each
+# heartbeat (a third of the lease) and deleted on a clean stop. A row not refreshed for a day
+# belongs to a worker that died long ago; each worker clears such rows when it starts.
+FORGET_WORKERS_AFTER = timedelta(days=1)
 
 
 # A connection that answered this recently skips Django's health check (a ``SELECT 1`` round
@@ -185,6 +192,11 @@ class Worker:
         self._listener: _PgListener | None = None
         self._next_invocation_check = 0.0
         self._clock = DatabaseClock()
+        self._started_at: datetime | None = None
+        self._steps_total = 0
+        self._rate_mark: tuple[float, int] | None = None  # (monotonic, steps) at the last beat
+        self._last_error = ""
+        self._last_error_at: datetime | None = None
         # The reaper and what the apps above registered (the schedules app's tick, see
         # workflows/duties.py); none when Celery beat runs them (CLEAT_MAINTENANCE_ON_BEAT).
         self._duties = (
@@ -243,8 +255,10 @@ class Worker:
                     self._run_duties()  # before `now`: the claim takes the runs they started
                     now = self._clock.now()
                     tick = time.monotonic()
-                    if self._inflight and tick - last_beat >= opts.lease_s / 3:
-                        heartbeat_worker(opts.worker_id, now)
+                    if tick - last_beat >= opts.lease_s / 3:
+                        if self._inflight:
+                            heartbeat_worker(opts.worker_id, now)
+                        self._report(now, tick)
                         last_beat = tick
                     free = self._free_slots()
                     # Burst ends only when a claim found nothing due with nothing in flight:
@@ -273,10 +287,11 @@ class Worker:
                     # run started since then has notified). A full batch: claim again.
                     if len(claims) < free or free <= 0:
                         self._idle(now)
-                except Exception:
+                except Exception as exc:
                     _fresh.until = 0.0
                     errors += 1
                     LOOP_ERRORS.inc()
+                    self._note_error(exc)
                     log.exception("event=worker_loop_error worker=%s", opts.worker_id)
                     self._stop.wait(min(30.0, 0.5 * 2 ** min(errors, 6)))
         finally:
@@ -286,6 +301,7 @@ class Worker:
             if self._listener is not None:
                 self._listener.close()
                 self._listener = None
+            self._unregister()
             close_old_connections()
             log.info("event=worker_stopped worker=%s processed=%d", opts.worker_id, self.processed)
         return self.processed
@@ -296,9 +312,62 @@ class Worker:
         for name, duty in self._duties:
             try:
                 duty.run_due(self._clock.now())
-            except Exception:
+            except Exception as exc:
                 LOOP_ERRORS.inc()
+                self._note_error(exc)
                 log.exception("event=duty_error duty=%s worker=%s", name, self.options.worker_id)
+
+    def _report(self, now: datetime, tick: float) -> None:
+        """Upsert this worker's registry row (one statement). A failure is logged and the
+        loop goes on: the registry is for people, the leases above are what matter."""
+        opts = self.options
+        if self._started_at is None:
+            self._started_at = now
+            with contextlib.suppress(Exception):
+                registry.forget_long_gone(now, FORGET_WORKERS_AFTER)
+        rate = 0.0
+        if self._rate_mark is not None and tick > self._rate_mark[0]:
+            rate = (self._steps_total - self._rate_mark[1]) / (tick - self._rate_mark[0])
+        self._rate_mark = (tick, self._steps_total)
+        host, pid = socket.gethostname(), os.getpid()
+        try:
+            registry.record_heartbeat(
+                registry.WorkerBeat(
+                    worker_id=opts.worker_id,
+                    host=host,
+                    pid=pid,
+                    task_queues=list(opts.task_queues),
+                    concurrency=opts.concurrency,
+                    started_at=self._started_at,
+                    heartbeat_interval_s=opts.lease_s / 3,
+                    runs_held=len(self._inflight),
+                    steps_total=self._steps_total,
+                    steps_per_s=rate,
+                    last_error=self._last_error,
+                    last_error_at=self._last_error_at,
+                ),
+                now,
+            )
+        except Exception:
+            LOOP_ERRORS.inc()
+            log.exception("event=worker_registry_error worker=%s", opts.worker_id)
+
+    def _unregister(self) -> None:
+        if self._started_at is None:
+            return
+        try:
+            registry.forget_worker(self.options.worker_id)
+        except Exception:
+            log.warning(
+                "event=worker_registry_error worker=%s (its row stays, and will show stale)",
+                self.options.worker_id,
+                exc_info=True,
+            )
+
+    def _note_error(self, exc: BaseException) -> None:
+        """The loop's last error, for the registry row (redacted, cut to a line or two)."""
+        self._last_error = redacted_text(f"{type(exc).__name__}: {exc}")[: registry.ERROR_CHARS]
+        self._last_error_at = self._clock.now()
 
     def _deliver_invocations(self, now: Any) -> None:
         """Calls workflows handed to the host (durable_send, durable_schedule_invoke)."""
@@ -356,6 +425,7 @@ class Worker:
                 continue
             SEGMENTS.labels(report.outcome).inc()
             STEPS.inc(report.steps)
+            self._steps_total += report.steps
             log.info(
                 "event=segment run=%s outcome=%s status=%s steps=%d replayed=%d ms=%.1f%s",
                 report.run_id,

@@ -1,6 +1,6 @@
-"""The console at 1280x800 in Chromium: the runs, schedules and definitions lists show every
-column whole (none clipped, the page does not scroll sideways, the cron text on one line),
-and the screenshots of docs/operations.md are taken here.
+"""The console at 1280x800 in Chromium: the runs, schedules, definitions and workers lists
+show every column whole (none clipped, the page does not scroll sideways, the cron text on
+one line), and the screenshots of docs/operations.md are taken here.
 
 ``CLEAT_UPDATE_DOCS_SCREENSHOTS=1`` copies the screenshots to ``docs/screenshots/``.
 """
@@ -19,6 +19,7 @@ from selenium.webdriver.remote.webdriver import WebDriver
 from schedules import services as schedules
 from tests.browser import scenario
 from tests.browser.test_console_chromium import PASSWORD, browser, screenshot, wait_for
+from workflows.store import workers as registry
 
 pytestmark = [pytest.mark.browser, pytest.mark.django_db(transaction=True)]
 
@@ -97,12 +98,50 @@ def schedules_world(tenant: Any) -> None:
     schedules.trigger_schedule(tenant, hourly.pk)
 
 
+def workers_world() -> None:
+    """Two live workers (one on two queues, busy) and one killed an hour ago, its last loop
+    error kept."""
+    now = registry.fleet_now()
+    for worker_id, host, queues, held, rate, age, error in (
+        ("app-1-18231-3fa2c1", "app-1", ["default"], 4, 41.5, 3, ""),
+        ("app-2-9120-b71e0d", "app-2", ["default", "bulk"], 1, 12.0, 11, ""),
+        (
+            "batch-1-4411-0c9a7f",
+            "batch-1",
+            ["bulk"],
+            2,
+            0.0,
+            3600,
+            "OperationalError: server closed the connection unexpectedly",
+        ),
+    ):
+        beat_at = now - timedelta(seconds=age)
+        registry.record_heartbeat(
+            registry.WorkerBeat(
+                worker_id=worker_id,
+                host=host,
+                pid=int(worker_id.split("-")[2]),
+                task_queues=queues,
+                concurrency=8,
+                started_at=now - timedelta(hours=6),
+                heartbeat_interval_s=20.0,
+                runs_held=held,
+                steps_total=int(rate * 21_000) or 310_412,
+                steps_per_s=rate,
+                last_error=error,
+                last_error_at=beat_at if error else None,
+            ),
+            beat_at,
+        )
+
+
 def test_lists_show_every_column_at_1280_by_800(
     live_server: Any, browser: WebDriver, tenant: Any
 ) -> None:
     scenario.OUTAGES.clear()
     scenario.populate(tenant)
     schedules_world(tenant)
+    workers_world()
     get_user_model().objects.create_superuser("operator", "op@example.com", PASSWORD)
     set_viewport(browser, *SIZE)
     url = live_server.url
@@ -138,3 +177,12 @@ def test_lists_show_every_column_at_1280_by_800(
         c.text for c in browser.find_elements(By.CSS_SELECTOR, "#result_list td.field-size_column")
     ]
     assert sizes and all(s.endswith(("B", "KiB", "MiB")) for s in sizes), sizes
+
+    browser.get(f"{url}/admin/console/workers/")
+    wait_for(browser, "#result_list")
+    screenshot(browser, "workers", ["#result_list", "#workers-figures", "#backlog"])
+    found = assert_no_clipped_column(browser, "workers")
+    headers = {h.lower() for h in found["headers"]}
+    assert {"worker", "state", "heartbeat", "steps/s", "last error"} <= headers, found
+    stale = browser.find_elements(By.CSS_SELECTOR, "#result_list tr[data-stale='1']")
+    assert [row.get_attribute("data-worker") for row in stale] == ["batch-1-4411-0c9a7f"]

@@ -1,6 +1,10 @@
 """``/healthz`` (the database answers and every migration is applied) and ``/metrics``
 (Prometheus text format). Neither needs a key: load balancers and Prometheus call them.
-Neither reads a tenant's rows; ``/metrics`` exposes process-wide counters only.
+
+``/metrics`` serves this process's counters and, computed from the database at scrape time,
+the fleet's gauges (:class:`FleetCollector`): the due backlog per task queue and definition
+(every tenant's, summed: counts and ages, never a run or a tenant) and the registered
+workers. Those are a couple of aggregate queries on indexed columns per scrape.
 
 In a deployment with several web processes (gunicorn workers), each process serves its own
 counters; use prometheus-client's multiprocess mode (``PROMETHEUS_MULTIPROC_DIR``) to
@@ -17,7 +21,9 @@ from django.db import DatabaseError, connection
 from django.db.migrations.executor import MigrationExecutor
 from drf_spectacular.types import OpenApiTypes
 from drf_spectacular.utils import OpenApiResponse, extend_schema
-from prometheus_client import CONTENT_TYPE_LATEST, REGISTRY, generate_latest
+from prometheus_client import CONTENT_TYPE_LATEST, REGISTRY, CollectorRegistry, generate_latest
+from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.registry import Collector
 from rest_framework.negotiation import BaseContentNegotiation
 from rest_framework.permissions import AllowAny
 from rest_framework.renderers import BaseRenderer, JSONRenderer
@@ -26,6 +32,9 @@ from rest_framework.response import Response
 from rest_framework.views import APIView
 
 from workflows.api.serializers import HealthSerializer
+from workflows.models import WorkerProcess
+from workflows.store.backlog import fleet_backlog
+from workflows.store.workers import fleet_now
 
 log = logging.getLogger("cleat.api")
 
@@ -91,6 +100,71 @@ class HealthView(APIView):
         return Response(body)
 
 
+class FleetCollector(Collector):
+    """The fleet's gauges, read from the database on each scrape."""
+
+    def describe(self) -> list[GaugeMetricFamily]:
+        return list(self._families())
+
+    def _families(self) -> tuple[GaugeMetricFamily, ...]:
+        labels = ["task_queue", "definition"]
+        return (
+            GaugeMetricFamily(
+                "cleat_ready_runs",
+                "Runs due and waiting for a worker, per task queue and definition",
+                labels=labels,
+            ),
+            GaugeMetricFamily(
+                "cleat_oldest_ready_seconds",
+                "How long the oldest due run has waited for a worker",
+                labels=labels,
+            ),
+            GaugeMetricFamily(
+                "cleat_workers", "Registered workers, live or stale", labels=["state"]
+            ),
+            GaugeMetricFamily("cleat_workers_runs_held", "Segments the live workers were running"),
+            GaugeMetricFamily(
+                "cleat_workers_steps_per_second", "Durable steps per second of the live workers"
+            ),
+            GaugeMetricFamily(
+                "cleat_fleet_metrics_up", "1 when the fleet gauges were read from the database"
+            ),
+        )
+
+    def collect(self) -> list[GaugeMetricFamily]:
+        ready, oldest, workers, held, steps, up = self._families()
+        try:
+            now = fleet_now()
+            for item in fleet_backlog(now):
+                ready.add_metric([item.task_queue, item.definition], item.depth)
+                oldest.add_metric([item.task_queue, item.definition], item.oldest_age_s(now))
+            counts = {"live": 0, "stale": 0}
+            held_total, steps_total = 0, 0.0
+            for worker in WorkerProcess.objects.all():
+                if worker.is_stale(now):
+                    counts["stale"] += 1
+                else:
+                    counts["live"] += 1
+                    held_total += worker.runs_held
+                    steps_total += worker.steps_per_s
+        except DatabaseError as exc:
+            log.warning("event=metrics fleet=unreadable error=%s", exc)
+            up.add_metric([], 0)
+            return [up]
+        for state, n in counts.items():
+            workers.add_metric([state], n)
+        held.add_metric([], held_total)
+        steps.add_metric([], steps_total)
+        up.add_metric([], 1)
+        return [ready, oldest, workers, held, steps, up]
+
+
+# Apart from the process-wide REGISTRY: the worker's own /metrics (runworker --metrics-port)
+# serves that one and must not query the fleet on every scrape.
+FLEET_REGISTRY = CollectorRegistry()
+FLEET_REGISTRY.register(FleetCollector())
+
+
 class PrometheusRenderer(BaseRenderer):
     media_type = "text/plain"
     format = "prometheus"
@@ -120,6 +194,6 @@ class MetricsView(APIView):
         auth=[],
     )
     def get(self, request: Request) -> Response:
-        response = Response(generate_latest(REGISTRY))
+        response = Response(generate_latest(REGISTRY) + generate_latest(FLEET_REGISTRY))
         response["Content-Type"] = CONTENT_TYPE_LATEST
         return response

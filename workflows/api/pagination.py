@@ -98,3 +98,8 @@ class EventPagination(StrictCursorPagination):
 class DefinitionPagination(StrictCursorPagination):
     ordering = ("name", "-version")
     position_type = _text
+
+
+class WorkerPagination(StrictCursorPagination):
+    ordering = "worker_id"
+    position_type = _text

@@ -1,8 +1,10 @@
 """Roles: ``read_only`` keys may read (GET/HEAD/OPTIONS); ``operator`` keys also run the
 actions on runs and promises (start, signal, cancel, terminate, pause, resume, retry, update,
-resolve, reject); ``admin`` keys also manage definitions and use the force operations
-(force-complete, force-fail, re-replay). A view names the role an action needs in
-``action_roles``; anything unnamed needs ``read_only`` when safe and ``operator`` otherwise.
+resolve, reject) and list the fleet's workers (``GET workers`` names hosts and processes,
+which a ``read_only`` key has no need to see); ``admin`` keys also manage definitions and use
+the force operations (force-complete, force-fail, re-replay). A view names the role an
+action needs in ``action_roles``; anything unnamed needs ``read_only`` when safe and
+``operator`` otherwise.
 """
 
 from __future__ import annotations

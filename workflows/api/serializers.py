@@ -33,6 +33,7 @@ from workflows.models import (
     Signal,
     UpdateRequest,
     VersionTag,
+    WorkerProcess,
     WorkflowDefinition,
     WorkflowEvent,
     WorkflowInstance,
@@ -625,6 +626,48 @@ class RejectPromiseSerializer(KnownFieldsOnly):
 
 
 # --- health --------------------------------------------------------------------------------------
+
+
+class WorkerFilterSerializer(serializers.Serializer):
+    stale = serializers.BooleanField(
+        required=False, help_text="Only stale workers (true) or only live ones (false)."
+    )
+
+
+class WorkerSerializer(serializers.ModelSerializer):
+    """A worker as it last reported itself; ``heartbeat_age_s`` and ``stale`` are computed
+    against the database's clock at the time of the request."""
+
+    heartbeat_age_s = serializers.SerializerMethodField()
+    stale = serializers.SerializerMethodField()
+    task_queues = serializers.ListField(child=serializers.CharField(), read_only=True)
+
+    class Meta:
+        model = WorkerProcess
+        fields = [
+            "worker_id",
+            "host",
+            "pid",
+            "task_queues",
+            "concurrency",
+            "runs_held",
+            "started_at",
+            "heartbeat_at",
+            "heartbeat_interval_s",
+            "heartbeat_age_s",
+            "stale",
+            "steps_total",
+            "steps_per_s",
+            "last_error",
+            "last_error_at",
+        ]
+        read_only_fields = fields
+
+    def get_heartbeat_age_s(self, worker: WorkerProcess) -> float:
+        return round(worker.heartbeat_age_s(self.context["now"]), 3)
+
+    def get_stale(self, worker: WorkerProcess) -> bool:
+        return worker.is_stale(self.context["now"])
 
 
 class HealthSerializer(serializers.Serializer):

@@ -18,6 +18,7 @@ from workflows.api.views import (
     DefinitionViewSet,
     PromiseViewSet,
     RetentionViewSet,
+    WorkerViewSet,
     WorkflowViewSet,
 )
 
@@ -30,6 +31,7 @@ router.register(
 )
 router.register("workflows", WorkflowViewSet, basename="workflow")
 router.register("promises", PromiseViewSet, basename="promise")
+router.register("workers", WorkerViewSet, basename="worker")
 # One resource per tenant, not a collection: GET and PUT /api/v1/retention.
 retention_urls = [
     path(

@@ -39,6 +39,7 @@ from workflows.api.pagination import (
     DefinitionPagination,
     EventPagination,
     RunPagination,
+    WorkerPagination,
 )
 from workflows.api.parsers import (
     LimitedJSONParser,
@@ -55,10 +56,12 @@ from workflows.models import (
     Role,
     RoutingRule,
     VersionTag,
+    WorkerProcess,
     WorkflowDefinition,
     WorkflowEvent,
     WorkflowInstance,
 )
+from workflows.store.workers import fleet_now
 from workflows.tenancy import of_tenant, tenant_context
 
 API_REQUESTS = Counter(
@@ -990,3 +993,40 @@ class RetentionViewSet(TenantViewSet):
     def update(self, request: Request) -> Response:
         self.validated(s.RetentionUpdateSerializer)  # unknown fields, shape
         return Response(retention.replace_policies(self.tenant, request.data, self.operator))
+
+
+# --- workers -------------------------------------------------------------------------------------
+
+
+@extend_schema(tags=["operations"])
+class WorkerViewSet(TenantViewSet):
+    """The fleet's workers, as each last reported itself (docs/operations.md, "Workers").
+    Fleet infrastructure, the same for every tenant's keys: host, process, queues and counts,
+    never a run or a tenant. Needs the operator role."""
+
+    serializer_class = s.WorkerSerializer
+    pagination_class = WorkerPagination
+    action_roles = {"list": Role.OPERATOR}
+
+    def get_queryset(self) -> QuerySet[WorkerProcess]:
+        return WorkerProcess.objects.all()
+
+    @extend_schema(
+        summary="List workers",
+        parameters=[s.WorkerFilterSerializer],
+        responses=s.WorkerSerializer(many=True),
+    )
+    def list(self, request: Request) -> Response:
+        query = self.params(s.WorkerFilterSerializer)
+        now = fleet_now()
+        workers = self.get_queryset()
+        if query.get("stale") is not None:
+            stale = {w.worker_id for w in workers if w.is_stale(now)}
+            workers = (
+                workers.filter(worker_id__in=stale)
+                if query["stale"]
+                else workers.exclude(worker_id__in=stale)
+            )
+        page = self.paginate_queryset(workers)
+        data = s.WorkerSerializer(page, many=True, context={"now": now}).data
+        return self.get_paginated_response(data)

@@ -14,6 +14,7 @@ from django.db.models import Count, Min, Q, QuerySet
 from django.db.models.functions import TruncMinute
 
 from workflows.models import TERMINAL_STATUSES, RunStatus, Tenant, WorkflowInstance
+from workflows.store.backlog import due_runs
 from workflows.tenancy import of_tenant
 
 WINDOW_MINUTES = 60
@@ -102,8 +103,7 @@ def dashboard(tenant: Tenant, now: datetime, definition: str | None = None) -> D
     starts = _per_minute(runs, "created_at", minutes)
     completions = _per_minute(runs, "completed_at", minutes, Q(status=RunStatus.DONE))
     failures = _per_minute(runs, "completed_at", minutes, Q(status__in=_FAILED))
-    due = runs.filter(status=RunStatus.READY, next_wake_at__lte=now)
-    ready = due.aggregate(n=Count("id"), oldest=Min("next_wake_at"))
+    ready = due_runs(runs, now).aggregate(n=Count("id"), oldest=Min("next_wake_at"))
     return Dashboard(
         now=now,
         definition=definition,
@@ -137,7 +137,7 @@ def _per_definition(
         item = entry(row["definition_name"])
         item.finished_last_hour, item.failed_last_hour = row["n"], row["failed"]
     for row in (
-        runs.filter(status=RunStatus.READY, next_wake_at__lte=now)
+        due_runs(runs, now)
         .values("definition_name")
         .annotate(n=Count("id"), oldest=Min("next_wake_at"))
         .order_by()

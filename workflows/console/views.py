@@ -26,7 +26,7 @@ from django.shortcuts import redirect
 from django.template.response import TemplateResponse
 from django.urls import NoReverseMatch, reverse
 from django.utils import timezone
-from django.utils.http import url_has_allowed_host_and_scheme
+from django.utils.http import url_has_allowed_host_and_scheme, urlencode
 from django.utils.safestring import mark_safe
 
 from engine import lifecycle
@@ -49,11 +49,13 @@ from workflows.console.scoping import request_tenant
 from workflows.middleware import SESSION_KEY
 from workflows.models import (
     ACTIVE_STATUSES,
+    STALE_AFTER_BEATS,
     AuditLog,
     RunStatus,
     Signal,
     Tenant,
     VersionTag,
+    WorkerProcess,
     WorkflowDefinition,
     WorkflowEvent,
     WorkflowInstance,
@@ -65,6 +67,8 @@ from workflows.redaction import (
     redacted_text,
     redacted_value,
 )
+from workflows.store.backlog import backlog
+from workflows.store.workers import fleet_now
 from workflows.tenancy import of_tenant
 
 EVENTS_PER_PAGE = 50
@@ -224,6 +228,9 @@ def instance_page(request: HttpRequest, object_id: str) -> HttpResponse:
         "events": _event_rows(list(page.object_list), start_ms),
         "event_total": len(history),
         "state_step": len(history),
+        "worker_url": workers_url(instance.assigned_to)
+        if instance.assigned_to and can_see_workers(request)
+        else "",
     }
     return _render(request, "console/instance.html", context)
 
@@ -559,6 +566,79 @@ def dead_letters(request: HttpRequest) -> HttpResponse:
         "now": timezone.now(),
     }
     return _render(request, "console/dlq.html", context)
+
+
+# --- workers ------------------------------------------------------------------------------------
+
+WORKERS_PERMISSION = "workflows.view_workerprocess"
+
+
+def can_see_workers(request: HttpRequest) -> bool:
+    return bool(request.user.has_perm(WORKERS_PERMISSION))
+
+
+def workers_url(worker_id: str | None = None) -> str:
+    base = reverse("console:workers")
+    return f"{base}?{urlencode({'worker': worker_id})}" if worker_id else base
+
+
+def workers(request: HttpRequest) -> HttpResponse:
+    """The fleet's workers (fleet infrastructure: every tenant's console shows the same
+    rows, to staff with the ``view_workerprocess`` permission) beside the console tenant's
+    share of them: the runs each holds in this tenant, and this tenant's due backlog."""
+    if not can_see_workers(request):
+        raise PermissionDenied("viewing workers needs the view_workerprocess permission")
+    tenant = tenant_of(request)
+    now = fleet_now()
+    wanted = request.GET.get("worker") or None
+    rows = WorkerProcess.objects.all()
+    if wanted:
+        rows = rows.filter(worker_id=wanted)
+    found = list(rows)
+    runs = of_tenant(WorkflowInstance, tenant)
+    ids = [w.worker_id for w in found]
+    held_here = {
+        row["assigned_to"]: row["n"]
+        for row in runs.filter(status=RunStatus.RUNNING, assigned_to__in=ids)
+        .values("assigned_to")
+        .annotate(n=Count("id"))
+        .order_by()
+    }
+    listed = []
+    for worker in found:
+        stale = worker.is_stale(now)
+        listed.append(
+            {
+                "worker": worker,
+                "stale": stale,
+                "age": duration_text(worker.heartbeat_age_s(now)),
+                "uptime": age_text(worker.started_at, now),
+                "queues": ", ".join(worker.task_queues or []),
+                "held_here": held_here.get(worker.worker_id, 0),
+                "held_url": changelist_url()
+                + "?"
+                + urlencode({"status__exact": RunStatus.RUNNING, "assigned_to": worker.worker_id}),
+            }
+        )
+    live = [w for w in listed if not w["stale"]]
+    queued = [
+        {"item": item, "oldest": duration_text(item.oldest_age_s(now))}
+        for item in backlog(runs, now)
+    ]
+    context = {
+        "title": "Workers",
+        "now": now,
+        "wanted": wanted,
+        "workers": listed,
+        "live_count": len(live),
+        "stale_count": len(listed) - len(live),
+        "steps_per_s": sum(w["worker"].steps_per_s for w in live),
+        "runs_held": sum(w["worker"].runs_held for w in live),
+        "backlog": queued,
+        "backlog_depth": sum(q["item"].depth for q in queued),
+        "stale_after_beats": STALE_AFTER_BEATS,
+    }
+    return _render(request, "console/workers.html", context)
 
 
 # --- tenant switcher ----------------------------------------------------------------------------

@@ -147,6 +147,7 @@ HEARTBEAT_WORKER = "SELECT cleat.heartbeat_worker(%s, %s)"
 REAP_EXPIRED_LEASES = "SELECT cleat.reap_expired_leases(%s, %s)"
 NEXT_DUE_AT = "SELECT cleat.next_due_at(%s, %s)"
 CLAIM_INVOCATIONS = "SELECT id, tenant_id FROM cleat.claim_invocations(%s, %s, %s)"
+READY_BACKLOG = "SELECT task_queue, definition_name, depth, oldest FROM cleat.ready_backlog(%s)"
 
 # --- wake-ups ----------------------------------------------------------------------------------
 
@@ -180,6 +181,7 @@ QUERIES = {
     "reap_expired_leases": REAP_EXPIRED_LEASES,
     "next_due_at": NEXT_DUE_AT,
     "claim_invocations": CLAIM_INVOCATIONS,
+    "ready_backlog": READY_BACKLOG,
     "notify_wake": NOTIFY_WAKE,
     "database_now": DATABASE_NOW,
     "listen_wake": LISTEN_WAKE,
@@ -392,4 +394,27 @@ LANGUAGE sql SECURITY DEFINER SET search_path = public, pg_temp AS $$
             ORDER BY c.deliver_at LIMIT p_limit FOR UPDATE OF c SKIP LOCKED)
     RETURNING v.id, v.tenant_id
 $$;
+"""
+
+
+# The web process's /metrics reads the due backlog of every tenant (workflows/store/
+# backlog.py holds the rule: ready and due at ``p_now``); its connection sees one tenant at
+# a time, so the fleet-wide aggregate is a definer function. It returns counts per task
+# queue and definition name, never a row. Installed by migration 0013_workers.
+READY_BACKLOG_SIGNATURE = "cleat.ready_backlog(timestamptz)"
+
+
+def ready_backlog_function_sql(role: str) -> str:
+    return f"""
+CREATE OR REPLACE FUNCTION cleat.ready_backlog(p_now timestamptz)
+RETURNS TABLE(task_queue varchar, definition_name varchar, depth bigint, oldest timestamptz)
+LANGUAGE sql STABLE SECURITY DEFINER SET search_path = public, pg_temp AS $$
+    SELECT w.task_queue, w.definition_name, count(*), min(w.next_wake_at)
+      FROM workflows_workflowinstance AS w
+     WHERE w.status = 'ready' AND w.next_wake_at <= p_now
+     GROUP BY w.task_queue, w.definition_name
+$$;
+ALTER FUNCTION {READY_BACKLOG_SIGNATURE} OWNER TO {DISPATCHER_ROLE};
+REVOKE EXECUTE ON FUNCTION {READY_BACKLOG_SIGNATURE} FROM PUBLIC;
+GRANT EXECUTE ON FUNCTION {READY_BACKLOG_SIGNATURE} TO {role};
 """
