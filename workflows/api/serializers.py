@@ -658,9 +658,10 @@ class WorkerSerializer(serializers.ModelSerializer):
             "stale",
             "steps_total",
             "steps_per_s",
-            "last_error",
             "last_error_at",
         ]
+        # The error text stays in the console (fleet staff): a loop's error can quote a
+        # statement with another tenant's values, and every tenant's keys see this list.
         read_only_fields = fields
 
     def get_heartbeat_age_s(self, worker: WorkerProcess) -> float:
