@@ -745,6 +745,9 @@ class Services:
     fetcher: Fetcher
     plugins: PluginRegistry
     resolvers: Mapping[str, AmbiguityResolver]
+    # Called on a batch thread after each call a ``durable_call_many`` made on it (the
+    # Django app closes that thread's database connections there); None: nothing to do.
+    after_batch_call: Callable[[], None] | None = None
 
     @classmethod
     def from_settings(

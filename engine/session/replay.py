@@ -164,6 +164,18 @@ def event_fields(event: Event) -> dict[str, Any]:
     return {name: getattr(event, name) for name in ("step", "ts", *type(event).KEYS)}
 
 
+def service_result(fn: Callable[[], CallResult]) -> CallResult:
+    """``fn()``, with any exception but the segment's own ends as an ERROR result: a caller
+    must not take the segment down."""
+    try:
+        return fn()
+    except (FenceLost, WorkflowExit):
+        raise
+    except Exception as exc:
+        log.exception("service call failed inside the host")
+        return CallResult(AbiStatus.ERROR, f"{type(exc).__name__}: {exc}")
+
+
 def never_refused(exc: Refused) -> Any:
     raise StorageError(f"storage refused an operation it should accept: {exc.message}")
 
@@ -356,12 +368,7 @@ class ReplayCore:
     def _io(self, fn: Callable[[], CallResult]) -> CallResult:
         started = time.monotonic()
         try:
-            return fn()
-        except (FenceLost, WorkflowExit):
-            raise
-        except Exception as exc:  # a caller must not take the segment down
-            log.exception("service call failed inside the host")
-            return CallResult(AbiStatus.ERROR, f"{type(exc).__name__}: {exc}")
+            return service_result(fn)
         finally:
             spent = time.monotonic() - started
             self.io_seconds += spent
