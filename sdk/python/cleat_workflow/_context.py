@@ -82,10 +82,12 @@ def _packed_or(fn: Callable[..., str], *args: Any, missing: int = NOT_FOUND) -> 
 
 @dataclass(frozen=True)
 class Signal:
-    """A signal the workflow received."""
+    """A signal the workflow received. ``correlation_id`` is set when its sender waits for
+    an answer (``ctx.signal_and_wait``): pass it to ``ctx.reply_to_signal``."""
 
     name: str
     payload: Any
+    correlation_id: str = ""
 
 
 @dataclass(frozen=True)
@@ -420,7 +422,7 @@ class Context:
         data = json.loads(
             _packed(_host.host.durable_await_signals, _dumps(list(names)), _ms(timeout))
         )
-        return Signal(str(data["name"]), data.get("payload"))
+        return Signal(str(data["name"]), data.get("payload"), str(data.get("correlation_id", "")))
 
     def poll_signal(self, name: str) -> Signal | None:
         """A signal ``name`` if one has arrived, else None (never waits)."""

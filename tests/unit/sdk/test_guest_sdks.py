@@ -207,7 +207,7 @@ class _Tour(http.server.BaseHTTPRequestHandler):
 
     seen: list[tuple[str, str]] = []
 
-    def do_GET(self) -> None:  # noqa: N802 - http.server's name
+    def do_GET(self) -> None:
         tour = self.headers.get("X-Tour", "")
         self.seen.append((self.path, tour))
         body = json.dumps({"tour": tour}).encode()
@@ -256,7 +256,8 @@ def test_the_excursion_runs_every_wrapper_the_saga_and_the_tour_do_not(
     """fetch (to a local target), plugins (plain and streaming), send and schedule_invoke
     (queued invocations), a heartbeat call, the JSON helpers, identity, cancellation,
     promise rejection, scopes, crons, a detached run, a signal to a child, await_all /
-    await_any / poll_child, an update handler applied at a blocking point, continue-as-new
+    await_any / poll_child, signal_and_wait answered by a child's reply_to_signal, an update
+    handler applied at a blocking point, continue-as-new
     (plain, then with a version) and a defer, each with the answer the host gave."""
     base, seen = fetch_target
     audit = FakeService({"deferred": {"ok": True}, "note": {}, "later": {}})
@@ -306,6 +307,7 @@ def test_the_excursion_runs_every_wrapper_the_saga_and_the_tour_do_not(
         "all": [{"name": "ping", "payload": {"v": 1}}, 2],
         "any": 3,
         "polled": 3,
+        "answer": {"answered": {"q": 1}},
     }
     assert seen == [("/tour", LANGUAGE_OF[suffix])]
     assert [(i.service, i.operation) for i in env.storage.invocations] == [

@@ -216,6 +216,17 @@ def test_signals_wait_time_out_and_poll(
     assert_replays_quietly(env, run)
 
 
+def test_a_signal_sent_and_waited_on_is_answered_with_its_correlation_id(
+    env: WorkflowEnvironment, deploy: Callable[..., None]
+) -> None:
+    """wait_for_signal gives the Signal's correlation_id when its sender waits for an
+    answer; reply_to_signal with it answers the sender's signal_and_wait."""
+    deploy(env, "asker", "answerer")
+    run = env.run("asker")
+    assert env.result(run) == [{"answered": {"q": 1}}, True]
+    assert_replays_quietly(env, run)
+
+
 # --- children -------------------------------------------------------------------------------
 
 
