@@ -308,3 +308,39 @@ def test_malformed_requests_are_permanent_and_call_nothing(text: str, reason: st
         assert shop.calls == [] and env.history(run) == []
     finally:
         env.runtime.close()
+
+
+def test_no_threads_for_a_batch_is_refused_with_the_settings_name(settings: Any) -> None:
+    """CLEAT_MAX_PARALLEL_CALLS below 1 stops start-up with the setting's reason."""
+    from django.core.exceptions import ImproperlyConfigured
+
+    from workflows.conf import cleat_settings
+
+    settings.CLEAT_MAX_PARALLEL_CALLS = 0
+    cleat_settings.cache_clear()
+    try:
+        with pytest.raises(ImproperlyConfigured, match="max_parallel_calls must be at least 1"):
+            cleat_settings()
+    finally:
+        cleat_settings.cache_clear()
+
+
+def test_one_thread_makes_the_batch_one_call_after_another() -> None:
+    """With max_parallel_calls=1 the calls of a batch are made on one thread, in the given
+    order, each with its own step and answer."""
+    threads: set[int] = set()
+
+    def track(request: Any) -> Any:
+        threads.add(threading.get_ident())
+        return request
+
+    shop = FakeService({"track": track})
+    env = MemoryEnvironment({"shop": shop}, config=EngineConfig(max_parallel_calls=1))
+    try:
+        env.deploy("batch", batch_module())
+        run = env.run("batch", requests(*(("shop", "track", n) for n in range(4))))
+        assert answers(env, run) == [[0, str(n)] for n in range(4)]
+        assert len(threads) == 1 and threading.get_ident() not in threads
+        assert [(c.step, c.request) for c in shop.calls] == [(n, n) for n in range(4)]
+    finally:
+        env.runtime.close()
