@@ -6,6 +6,7 @@ replay-safe time and randomness, and the sandbox. Every run is checked fresh and
 from __future__ import annotations
 
 import json
+import threading
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -141,6 +142,25 @@ def test_gather_makes_every_first_attempt_then_retries_together_on_one_timer(
         ("reject", '{"sku":"c"}'),
         ("price", '{"sku":"d"}'),
     ]
+    assert_replays_quietly(env, run, watch=[shop])
+
+
+def test_a_gathers_calls_are_in_flight_together(
+    env: WorkflowEnvironment, deploy: Callable[..., None], shop: FakeService
+) -> None:
+    """Each of the three calls waits on a barrier of three parties: the gather can only
+    finish if they are in flight at once. The replay answers them from the history."""
+    barrier = threading.Barrier(3, timeout=20)
+
+    def meet(request: Any) -> Any:
+        barrier.wait()
+        return request["n"]
+
+    shop.operations["meet"] = meet
+    deploy(env, "met")
+    run = env.run("met")
+    assert env.result(run) == [0, 1, 2]
+    assert event_types(env, run) == ["call"] * 3
     assert_replays_quietly(env, run, watch=[shop])
 
 

@@ -74,6 +74,11 @@ def gathered(ctx: Context, input: Any) -> Any:
     return seen
 
 
+@workflow
+def met(ctx: Context, input: Any) -> Any:
+    return ctx.gather(*(Call("shop", "meet", {"n": n}) for n in range(3)))
+
+
 @dataclass
 class Quote:
     sku: str
