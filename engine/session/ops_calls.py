@@ -1,5 +1,6 @@
 """The host operations that reach outside the run: durable calls (plain, with retry, with
-heartbeat, write-ahead), sends and scheduled invocations, ``fetch`` and plugin calls.
+heartbeat, write-ahead, several at once), sends and scheduled invocations, ``fetch`` and
+plugin calls.
 """
 
 from __future__ import annotations

@@ -320,13 +320,13 @@ class Context:
                 Call("inventory", "check", {"sku": sku}, retry=Retry(max_attempts=5)),
             )
 
-        Every call's first attempt is made, in the given order, before any failure is
-        raised; calls with a ``retry`` that fail wait for their backoffs together (one durable
-        timer to the earliest), then are tried again in order. The first failure is raised
-        once every call has finished, unless ``return_exceptions`` returns each failure in
-        its place. Each attempt is one recorded step, so a replay makes the same steps in
-        the same order. (ABI v1 answers a call within the host call, so the calls' own
-        network times add up; what runs together is their waiting. See ``_calls``.)"""
+        Every call's first attempt is made before any failure is raised: together, through
+        the host's ``durable_call_many`` (an optional extension of ABI v1), so their network
+        times overlap. Calls with a ``retry`` that fail wait for their backoffs together (one
+        durable timer to the earliest), then are tried again together. The first failure is
+        raised once every call has finished, unless ``return_exceptions`` returns each
+        failure in its place. Each attempt is one recorded step, in the given order, so a
+        replay makes the same steps in the same order. See ``_calls``."""
         return _calls.gather(self, calls, return_exceptions=return_exceptions)
 
     def call_with_retry(
