@@ -88,6 +88,19 @@ IMPORTS: tuple[HostImport, ...] = (
 
 IMPORTS_BY_NAME: dict[str, HostImport] = {imp.name: imp for imp in IMPORTS}
 
+# Optional extensions of ABI v1: additive host imports that are not part of the fixed v1
+# contract (ABI.md). A module that does not import them is a plain v1 module; one that does
+# runs on this host (and on any host that serves the extension), never on a host that serves
+# v1 alone. Nothing of v1 is renamed or re-signed for them. docs/abi.md describes each.
+EXTENSION_IMPORTS: tuple[HostImport, ...] = (
+    # Several durable calls made concurrently, one recorded call event each, in order.
+    HostImport("durable_call_many", "s", "P"),
+)
+
+# Everything the host serves: ABI v1, then the extensions.
+HOST_IMPORTS: tuple[HostImport, ...] = IMPORTS + EXTENSION_IMPORTS
+HOST_IMPORTS_BY_NAME: dict[str, HostImport] = {imp.name: imp for imp in HOST_IMPORTS}
+
 # Exports the host looks for in a core module.
 EXPORT_MEMORY = "memory"
 EXPORT_ALLOC = "cleat_alloc"

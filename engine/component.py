@@ -65,7 +65,14 @@ import wasmtime.component as wc
 import wasmtime.component._enter as component_enter
 from wasmtime import _ffi as wasmtime_ffi
 
-from engine.abi import DEFAULT_ENTRY_POINT, IMPORTS, SUPPORTED_ABI_VERSIONS, HostImport
+from engine.abi import (
+    DEFAULT_ENTRY_POINT,
+    EXTENSION_IMPORTS,
+    HOST_IMPORTS,
+    IMPORTS,
+    SUPPORTED_ABI_VERSIONS,
+    HostImport,
+)
 from engine.backend import ArtifactCache, LoadedModule, ModuleInfo, new_store
 from engine.config import EngineConfig
 from engine.errors import (
@@ -92,6 +99,9 @@ WIT_PACKAGE = "cleat:workflow"
 WIT_VERSION = "1.0.0"
 HOST_INTERFACE = f"{WIT_PACKAGE}/host@{WIT_VERSION}"
 UPDATES_INTERFACE = f"{WIT_PACKAGE}/updates@{WIT_VERSION}"
+# The optional extension interface (sdk/wit/batch.wit), not part of ABI v1's world: it holds
+# the extension imports (engine.abi.EXTENSION_IMPORTS) under their kebab-case names.
+BATCH_INTERFACE = f"{WIT_PACKAGE}/batch@{WIT_VERSION}"
 EXPORT_RUN = "run"
 EXPORT_DISPATCH = "dispatch"
 EXPORT_DESCRIBE = "describe"
@@ -433,7 +443,11 @@ def _define_host_operation(instance: wc.LinkerInstance, imp: HostImport) -> None
 
 _PARAM_TYPES = {"s": "string", "I": "s64", "i": "s32"}
 _RESULT_TYPES = {"P": "result<string, {status: u8, message: string}>", "V": "s64"}
-_IMPORTS_BY_WIT_NAME = {wit_name(imp.name): imp for imp in IMPORTS}
+# The host functions each interface offers, by WIT name.
+_INTERFACE_IMPORTS: dict[str, dict[str, HostImport]] = {
+    HOST_INTERFACE: {wit_name(imp.name): imp for imp in IMPORTS},
+    BATCH_INTERFACE: {wit_name(imp.name): imp for imp in EXTENSION_IMPORTS},
+}
 
 
 def _wit_signature(imp: HostImport) -> tuple[tuple[str, ...], str]:
@@ -457,7 +471,7 @@ def _wit_type(ty: Any) -> str:
 
 # One callback per import for the whole process (ctypes frees a callback when its object is
 # collected, and every linker calls into them).
-_HOST_CALLBACKS: dict[str, Any] = {imp.name: _host_operation(imp) for imp in IMPORTS}
+_HOST_CALLBACKS: dict[str, Any] = {imp.name: _host_operation(imp) for imp in HOST_IMPORTS}
 
 
 def _guarded(function: str, fn: Callable[..., Any]) -> Callable[..., Any]:
@@ -663,6 +677,9 @@ class ComponentBackend:
             with root.add_instance(HOST_INTERFACE) as host:
                 for imp in IMPORTS:
                     _define_host_operation(host, imp)
+            with root.add_instance(BATCH_INTERFACE) as batch:
+                for imp in EXTENSION_IMPORTS:
+                    _define_host_operation(batch, imp)
             with root.add_instance(UPDATES_INTERFACE) as updates:
                 updates.add_func("take", _guarded("updates.take", _take_update))
                 updates.add_func("complete", _guarded("updates.complete", _complete_update))
@@ -764,12 +781,11 @@ class ComponentBackend:
         for name in imports:
             package = name.split("/", 1)[0]
             if package == WIT_PACKAGE:
-                if name not in (HOST_INTERFACE, UPDATES_INTERFACE) and not name.startswith(
-                    f"{WIT_PACKAGE}/types@"
-                ):
+                served = name in _INTERFACE_IMPORTS or name == UPDATES_INTERFACE
+                if not served and not name.startswith(f"{WIT_PACKAGE}/types@"):
                     raise UnsupportedAbiVersion(
-                        f"the component imports {name}; this host serves {HOST_INTERFACE} "
-                        f"and {UPDATES_INTERFACE}"
+                        f"the component imports {name}; this host serves {HOST_INTERFACE}, "
+                        f"{UPDATES_INTERFACE} and {BATCH_INTERFACE}"
                     )
             elif not package.startswith("wasi:"):
                 raise InvalidModule(f"the component imports {name}, which is not part of ABI v1")
@@ -805,30 +821,33 @@ class ComponentBackend:
         return guest, imports
 
     def _check_host_signatures(self, component: wc.Component) -> None:
-        """Every host function the component imports must have ABI v1's WIT signature: the
-        host callbacks read their arguments by that signature (see ``_host_operation``)."""
-        imported = component.type.imports(self.engine).get(HOST_INTERFACE)
-        if imported is None:
-            return
-        instance_type = imported.ty
-        if not isinstance(instance_type, wc.ComponentInstanceType):
-            raise InvalidModule(f"the component imports {HOST_INTERFACE} as a non-instance")
-        for name, extern in instance_type.exports(self.engine).items():
-            func = extern.ty
-            if not isinstance(func, wc.FuncType):
-                continue  # a type the functions use (call-error)
-            declared = _IMPORTS_BY_WIT_NAME.get(name)
-            if declared is None:
-                raise InvalidModule(
-                    f"the component imports {HOST_INTERFACE}#{name}, which is not part of ABI v1"
-                )
-            expected = _wit_signature(declared)
-            found = (tuple(_wit_type(t) for _, t in func.params), _wit_type(func.result))
-            if found != expected:
-                raise InvalidModule(
-                    f"the component imports {HOST_INTERFACE}#{name} with type {found}, but ABI "
-                    f"v1 declares {expected}"
-                )
+        """Every host function the component imports must have ABI v1's WIT signature (or
+        its extension's): the host callbacks read their arguments by that signature (see
+        ``_host_operation``)."""
+        imports = component.type.imports(self.engine)
+        for interface, declared_here in _INTERFACE_IMPORTS.items():
+            imported = imports.get(interface)
+            if imported is None:
+                continue
+            instance_type = imported.ty
+            if not isinstance(instance_type, wc.ComponentInstanceType):
+                raise InvalidModule(f"the component imports {interface} as a non-instance")
+            for name, extern in instance_type.exports(self.engine).items():
+                func = extern.ty
+                if not isinstance(func, wc.FuncType):
+                    continue  # a type the functions use (call-error)
+                declared = declared_here.get(name)
+                if declared is None:
+                    raise InvalidModule(
+                        f"the component imports {interface}#{name}, which is not part of ABI v1"
+                    )
+                expected = _wit_signature(declared)
+                found = (tuple(_wit_type(t) for _, t in func.params), _wit_type(func.result))
+                if found != expected:
+                    raise InvalidModule(
+                        f"the component imports {interface}#{name} with type {found}, but "
+                        f"ABI v1 declares {expected}"
+                    )
 
     # --- running ---
 

@@ -36,6 +36,9 @@ class EngineConfig:
     verify_checksums: bool = True
     # "service.operation" calls that record a write-ahead intent before dispatch.
     write_ahead_ops: frozenset[str] = field(default_factory=frozenset)
+    # Threads one ``durable_call_many`` batch makes its calls on (at most; a batch of fewer
+    # calls uses fewer). 1 makes a batch's calls one after another.
+    max_parallel_calls: int = 8
 
     def __post_init__(self) -> None:
         problems = []
@@ -53,6 +56,8 @@ class EngineConfig:
             problems.append("module_cache_max_bytes must be 0 (no limit) or positive")
         if self.max_history_events < 10:
             problems.append("max_history_events must be at least 10")
+        if self.max_parallel_calls < 1:
+            problems.append("max_parallel_calls must be at least 1")
         if problems:
             raise ValueError("invalid engine configuration: " + "; ".join(problems))
 

@@ -31,8 +31,8 @@ from engine.abi import (
     EXPORT_ABI_VERSION,
     EXPORT_ALLOC,
     EXPORT_MEMORY,
-    IMPORTS,
-    IMPORTS_BY_NAME,
+    HOST_IMPORTS,
+    HOST_IMPORTS_BY_NAME,
     SUPPORTED_ABI_VERSIONS,
     HostImport,
     unpack,
@@ -409,7 +409,7 @@ def _host_function(imp: HostImport) -> Any:
 
 # One callback per import for the whole process: every linker, and every store instantiated
 # through one, calls into them, and ctypes frees a callback when its object is collected.
-_HOST_CALLBACKS: dict[str, Any] = {imp.name: _host_function(imp) for imp in IMPORTS}
+_HOST_CALLBACKS: dict[str, Any] = {imp.name: _host_function(imp) for imp in HOST_IMPORTS}
 
 
 def _define_host_function(linker: wasmtime.Linker, imp: HostImport) -> None:
@@ -449,7 +449,7 @@ class CoreBackend:
         self.engine = engine
         self.config = config
         self.linker = wasmtime.Linker(engine)
-        for imp in IMPORTS:
+        for imp in HOST_IMPORTS:
             _define_host_function(self.linker, imp)
 
     # --- loading ---
@@ -466,7 +466,7 @@ class CoreBackend:
         imports: list[str] = []
         for imp in module.imports:
             where = f"{imp.module}.{imp.name}"
-            declared = IMPORTS_BY_NAME.get(imp.name or "")
+            declared = HOST_IMPORTS_BY_NAME.get(imp.name or "")
             if imp.module != "env" or declared is None:
                 raise InvalidModule(f"the module imports {where}, which is not part of ABI v1")
             if not isinstance(imp.type, wasmtime.FuncType):

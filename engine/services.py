@@ -778,6 +778,9 @@ class Services:
     resolvers: Mapping[str, AmbiguityResolver]
     # The OpenTelemetry tracer of the segment's spans; None: tracing off (engine.tracing).
     tracer: Tracer | None = None
+    # Called on a batch thread after each call a ``durable_call_many`` made on it (the
+    # Django app closes that thread's database connections there); None: nothing to do.
+    after_batch_call: Callable[[], None] | None = None
 
     @classmethod
     def from_settings(

@@ -8,6 +8,7 @@ from functools import cache
 from pathlib import Path
 from typing import Any
 
+from django import db
 from django.conf import settings
 from django.core.exceptions import ImproperlyConfigured
 
@@ -35,7 +36,7 @@ class CleatSettings:
             name: functools.partial(secrets.resolve, spec)
             for name, spec in self.service_tokens.items()
         }
-        return Services.from_settings(
+        services = Services.from_settings(
             self.services,
             fetch_allow=self.fetch_allow,
             fetch_allow_private=self.fetch_allow_private,
@@ -46,6 +47,10 @@ class CleatSettings:
             service_tokens=tokens,
             tracer=tracing.tracer(),
         )
+        # A batched call runs on a thread of its own: a service that used the ORM there
+        # opened that thread's connection, which must not outlive the call.
+        services.after_batch_call = db.connections.close_all
+        return services
 
 
 def _mapping(name: str) -> dict[str, Any]:
@@ -82,6 +87,7 @@ def cleat_settings() -> CleatSettings:
             )
             * MIB,
             write_ahead_ops=frozenset(knob("CLEAT_WRITE_AHEAD_OPS", ())),
+            max_parallel_calls=knob("CLEAT_MAX_PARALLEL_CALLS", defaults.max_parallel_calls),
         )
     except ValueError as exc:
         raise ImproperlyConfigured(f"CLEAT_* settings: {exc}") from None

@@ -12,6 +12,7 @@ from collections.abc import Mapping, Sequence
 from datetime import datetime, timedelta
 from typing import Any
 
+from django import db
 from django.utils import timezone
 
 from engine.events import EncodedEvent, Event, decode
@@ -83,6 +84,7 @@ class DatabaseWorkflowEnvironment:
         self.services = Services.from_settings(
             services, plugins=plugins, plugin_guard=plugin_guard, tracer=tracing.tracer()
         )
+        self.services.after_batch_call = db.connections.close_all
         self.caller = RecordingCaller(self.services.caller)
         self.services.caller = self.caller
         set_services(self.services)

@@ -1,5 +1,6 @@
 """The host operations that reach outside the run: durable calls (plain, with retry, with
-heartbeat, write-ahead), sends and scheduled invocations, ``fetch`` and plugin calls.
+heartbeat, write-ahead, several at once), sends and scheduled invocations, ``fetch`` and
+plugin calls.
 """
 
 from __future__ import annotations
@@ -11,6 +12,8 @@ import secrets
 import threading
 import time
 import uuid
+from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 from engine.determinism import derived_uuid
@@ -36,6 +39,7 @@ from engine.session.replay import (
     event_fields,
     json_value,
     parse_string_list,
+    service_result,
 )
 from engine.status import AbiStatus
 from engine.storage import DispatchTask, EnqueueInvocation, TaskCallRecord
@@ -44,6 +48,8 @@ from engine.tracing import DURABLE_CALL, FETCH
 log = logging.getLogger("cleat.engine")
 
 MAX_RETRY_ATTEMPTS = 100
+# Calls one durable_call_many may carry (like max_attempts: a bound on one host call's work).
+MAX_BATCH_CALLS = 100
 # A task that could not be published (the broker away) is tried again this much later.
 TASK_SEND_RETRY_MS = 2_000
 # A NamedTuple's own __new__ is a Python function; tuple.__new__ builds the same instance.
@@ -52,6 +58,34 @@ _new_tuple = tuple.__new__
 # a durable call makes one of each.
 _new_call_event = record_maker(CallEvent)
 _new_context = record_maker(CallContext)
+
+BatchItem = tuple[str, str, str]  # service, operation, request (JSON text)
+
+
+def parse_call_batch(requests: str) -> list[BatchItem] | str:
+    """The calls of a ``durable_call_many`` request: a JSON array of
+    ``{"service", "operation", "request"}`` objects, every value a string (``request`` is
+    the request JSON as ``durable_call`` takes it). A message saying what is wrong, else."""
+    try:
+        items = json.loads(requests)
+    except ValueError:
+        return "durable_call_many: the requests are not valid JSON"
+    if not isinstance(items, list):
+        return "durable_call_many: the requests must be a JSON array of calls"
+    if len(items) > MAX_BATCH_CALLS:
+        return f"durable_call_many: {len(items)} calls; at most {MAX_BATCH_CALLS} per batch"
+    calls: list[BatchItem] = []
+    for index, item in enumerate(items):
+        if not isinstance(item, dict):
+            return f"durable_call_many: call {index} must be an object"
+        values = []
+        for key in ("service", "operation", "request"):
+            value = item.get(key)
+            if not isinstance(value, str):
+                return f"durable_call_many: call {index}: {key!r} must be a string"
+            values.append(value)
+        calls.append((values[0], values[1], values[2]))
+    return calls
 
 
 class CallOps(ReplayCore):
@@ -101,6 +135,101 @@ class CallOps(ReplayCore):
         else:
             self._record_now(event)
         return self._call_reply(event)
+
+    # --- several calls at once (ABI v1 extension: durable_call_many) ---
+    #
+    # A batch is a list of plain durable calls. Each takes one step, in the order given, and
+    # records the very CallEvent that durable_call records, so a batch replays from the same
+    # history that the same calls made one by one leave (and the other way round), and a
+    # replayed or special call simply *is* a durable_call: the rules for write-ahead intents,
+    # AMBIGUOUS and task calls live there only. What the batch adds is concurrency for
+    # consecutive fresh calls that need none of those rules: they are made together on a
+    # bounded pool of threads, and their events are appended in the given order, each as soon
+    # as it and every call before it have answered. A crash mid-batch therefore leaves a
+    # recorded prefix; the next segment answers the prefix from the history and makes only
+    # the rest, at the same steps and so with the same idempotency keys.
+    #
+    # Made one at a time (through durable_call), in their place in the order:
+    # - write-ahead calls: the intent must be in storage before the call is dispatched, and
+    #   the history must stay a prefix, so an intent cannot be written ahead of the calls
+    #   before it that are still running;
+    # - task calls (a service bound to Celery): the run suspends on the task, and the calls
+    #   after it are made when it has its outcome. Sending every task of a batch at once was
+    #   dropped: it would leave pending intents in the middle of the history, where replaying
+    #   one (which hands pending updates to the guest and may revoke the task) cannot happen.
+
+    def durable_call_many(self, requests: str) -> Reply:
+        calls = parse_call_batch(requests)
+        if isinstance(calls, str):
+            return Reply(AbiStatus.PERMANENT, calls)
+        replies: list[Reply] = []
+        index = 0
+        while index < len(calls):
+            end = index
+            if not self._replaying_a_step():
+                while end < len(calls) and self._plain_call(calls[end][0], calls[end][1]):
+                    end += 1
+                end = min(end, index + self._steps_left())
+            if end - index > 1:
+                replies += self._concurrent_calls(calls[index:end])
+                index = end
+            else:
+                replies.append(self.durable_call(*calls[index]))
+                index += 1
+        answers = [{"status": int(r.status), "payload": r.payload} for r in replies]
+        return Reply(AbiStatus.OK, json.dumps(answers, separators=(",", ":"), ensure_ascii=False))
+
+    def _replaying_a_step(self) -> bool:
+        return self._pos < len(self._history) and self._peek_recorded() is not None
+
+    def _steps_left(self) -> int:
+        """Steps before the event limit (where the run continues as new)."""
+        return (self.run.max_history_events or self.config.max_history_events) - self.step
+
+    def _plain_call(self, service: str, operation: str) -> bool:
+        write_ahead = self.config.write_ahead_ops
+        if write_ahead and f"{service}.{operation}" in write_ahead:
+            return False
+        return self._task_service(service) is None
+
+    def _concurrent_calls(self, calls: Sequence[BatchItem]) -> list[Reply]:
+        first = self.step
+        contexts = [self._context(s, o, first + i) for i, (s, o, _) in enumerate(calls)]
+        caller = self.services.caller
+        after = self.services.after_batch_call
+
+        def make(index: int) -> CallResult:
+            service, operation, request = calls[index]
+            try:
+                return service_result(
+                    functools.partial(caller.call, service, operation, request, contexts[index])
+                )
+            finally:
+                if after is not None:
+                    after()
+
+        replies: list[Reply] = []
+        started = time.monotonic()
+        workers = min(len(calls), self.config.max_parallel_calls)
+        with ThreadPoolExecutor(max_workers=workers, thread_name_prefix="cleat-call") as pool:
+            futures = [pool.submit(make, index) for index in range(len(calls))]
+            try:
+                for index, future in enumerate(futures):
+                    result = future.result()
+                    crash_point("after_call")  # the effect happened; its event is not committed
+                    service, operation, request = calls[index]
+                    event = self._record_now(
+                        self._call_event(first + index, service, operation, request, result)
+                    )
+                    replies.append(self._call_reply(event))
+            finally:
+                for future in futures:
+                    future.cancel()
+                spent = time.monotonic() - started
+                self.io_seconds += spent
+                if self._backend is not None:
+                    self._backend.refresh_deadline(spent)
+        return replies
 
     # --- calls that run as tasks (engine.services.TaskService) ---
     #

@@ -165,6 +165,18 @@ def event_fields(event: Event) -> dict[str, Any]:
     return {name: getattr(event, name) for name in ("step", "ts", *type(event).KEYS)}
 
 
+def service_result(fn: Callable[[], CallResult]) -> CallResult:
+    """``fn()``, with any exception but the segment's own ends as an ERROR result: a caller
+    must not take the segment down."""
+    try:
+        return fn()
+    except (FenceLost, WorkflowExit):
+        raise
+    except Exception as exc:
+        log.exception("service call failed inside the host")
+        return CallResult(AbiStatus.ERROR, f"{type(exc).__name__}: {exc}")
+
+
 def never_refused(exc: Refused) -> Any:
     raise StorageError(f"storage refused an operation it should accept: {exc.message}")
 
@@ -365,12 +377,7 @@ class ReplayCore:
             return traced_call(tracer, span, a, b, self.step, lambda: self._io(fn))
         started = time.monotonic()
         try:
-            return fn()
-        except (FenceLost, WorkflowExit):
-            raise
-        except Exception as exc:  # a caller must not take the segment down
-            log.exception("service call failed inside the host")
-            return CallResult(AbiStatus.ERROR, f"{type(exc).__name__}: {exc}")
+            return service_result(fn)
         finally:
             spent = time.monotonic() - started
             self.io_seconds += spent

@@ -3,20 +3,25 @@
 Design note
 -----------
 ABI v1 (fixed) has no call that starts without answering: ``durable_call`` returns its
-response within the host call, ``durable_send`` and ``durable_schedule_invoke`` return no
-response, and a promise is settled from outside the run. So a gather cannot overlap the
-calls' own network time inside one instance; what it can do, and does, is run the calls as
-one group over the ABI's building blocks (``durable_call`` and ``durable_sleep``):
+response within the host call. The host offers an optional extension for this,
+``durable_call_many`` (the ``batch`` interface of the ``workflow-batch`` world, see
+docs/abi.md): it makes a list of calls concurrently and records one call event per call, in
+the order given, the same events the calls made one by one would record. A gather is built
+on it and on ``durable_sleep``:
 
-* every call's first attempt is made in the order the calls are given, one recorded step
-  each, whatever the others answer -- a failing call does not keep the next one from being
-  made, and nothing depends on timing, so a replay makes the same steps in the same order;
+* every call's first attempt is made in one batch, in the order the calls are given, one
+  recorded step each, whatever the others answer -- a failing call does not keep the next
+  one from being made, and nothing depends on timing, so a replay makes the same steps in
+  the same order (and answers them from the history without calling anything);
 * the calls whose attempt failed retryably wait for their backoff **together**: one durable
-  timer, to the earliest due retry, after which every due call is tried again in the given
-  order. Three calls that each need a 10 s backoff cost one 10 s wait, not three;
+  timer, to the earliest due retry, after which every due call is tried again, again as one
+  batch in the given order. Three calls that each need a 10 s backoff cost one 10 s wait;
 * the results come back in the given order; the first failure is raised after every call has
   finished (or, with ``return_exceptions=True``, each failure is returned in its place, as
   ``asyncio.gather`` does).
+
+A round of a single call is a plain ``durable_call``. Calls to a service bound to Celery, and
+write-ahead calls, are made one at a time by the host even inside a batch (docs/abi.md).
 
 Child workflows (``ctx.child`` + ``ctx.gather_children``) were the other way to overlap calls;
 they cost a run per call and are what ``gather`` exists to avoid. Starting the calls with
@@ -27,7 +32,8 @@ outside the run to do it.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
+import json
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any
@@ -41,6 +47,7 @@ from cleat_workflow._errors import (
     PermanentError,
     RetriesExhausted,
     WorkflowError,
+    error_for,
 )
 
 if TYPE_CHECKING:
@@ -118,21 +125,52 @@ class _Pending:
         self.value: Any = None
         self.error: WorkflowError | None = None
 
-    def attempt(self, ctx: Context) -> None:
+    def settle(self, ctx: Context, outcome: Any) -> None:
+        """Take one attempt's outcome: a response, or the WorkflowError it failed with."""
         self.attempts += 1
-        try:
-            response = ctx.call(self.call.service, self.call.operation, self.call.request)
-            self.value = self.call.decode(response) if self.call.decode else response
-        except WorkflowError as exc:
-            if self.policy.retries(exc, self.attempts):
-                self.due_ms = ctx.now_ms() + self.policy.delay_ms(self.attempts)
-                return
-            self.error = exc
-            if self.policy.max_attempts > 1 and isinstance(exc, CallFailed):
-                self.error = RetriesExhausted(
-                    f"{self.call.name}: {self.attempts} attempt(s) failed, the last: {exc.message}"
-                )
+        if not isinstance(outcome, WorkflowError):
+            self.value = self.call.decode(outcome) if self.call.decode else outcome
+            self.done = True
+            return
+        if self.policy.retries(outcome, self.attempts):
+            self.due_ms = ctx.now_ms() + self.policy.delay_ms(self.attempts)
+            return
+        self.error = outcome
+        if self.policy.max_attempts > 1 and isinstance(outcome, CallFailed):
+            self.error = RetriesExhausted(
+                f"{self.call.name}: {self.attempts} attempt(s) failed, the last: {outcome.message}"
+            )
         self.done = True
+
+
+def call_many(ctx: Context, calls: Sequence[Call]) -> list[Any]:
+    """One attempt of each call, made together: each response, or the WorkflowError it
+    failed with, in order. One call is a plain ``durable_call``."""
+    from cleat_workflow import _host
+    from cleat_workflow._context import _dumps, _loads, _packed
+
+    if len(calls) == 1:
+        only = calls[0]
+        try:
+            return [ctx.call(only.service, only.operation, only.request)]
+        except WorkflowError as exc:
+            return [exc]
+    requests = [
+        {"service": c.service, "operation": c.operation, "request": _dumps(c.request)}
+        for c in calls
+    ]
+    answers = json.loads(_packed(_host.batch.durable_call_many, _dumps(requests)))
+    return [
+        _loads(answer["payload"])
+        if answer["status"] == 0
+        else error_for(int(answer["status"]), answer["payload"])
+        for answer in answers
+    ]
+
+
+def _attempt(ctx: Context, items: Sequence[_Pending]) -> None:
+    for item, outcome in zip(items, call_many(ctx, [i.call for i in items]), strict=True):
+        item.settle(ctx, outcome)
 
 
 def gather(ctx: Context, calls: Iterable[Call], *, return_exceptions: bool = False) -> list[Any]:
@@ -141,8 +179,8 @@ def gather(ctx: Context, calls: Iterable[Call], *, return_exceptions: bool = Fal
     for item in pending:
         if not isinstance(item.call, Call):
             raise TypeError(f"gather takes Call values, not {type(item.call).__name__}")
-    for item in pending:
-        item.attempt(ctx)
+    if pending:
+        _attempt(ctx, pending)
     while True:
         waiting = [item for item in pending if not item.done]
         if not waiting:
@@ -152,9 +190,7 @@ def gather(ctx: Context, calls: Iterable[Call], *, return_exceptions: bool = Fal
         if wake_ms > now:
             ctx.sleep(timedelta(milliseconds=wake_ms - now))
         now = ctx.now_ms()
-        for item in waiting:
-            if item.due_ms <= now:
-                item.attempt(ctx)
+        _attempt(ctx, [item for item in waiting if item.due_ms <= now])
     if not return_exceptions:
         for item in pending:
             if item.error is not None:

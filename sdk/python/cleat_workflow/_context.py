@@ -82,10 +82,12 @@ def _packed_or(fn: Callable[..., str], *args: Any, missing: int = NOT_FOUND) -> 
 
 @dataclass(frozen=True)
 class Signal:
-    """A signal the workflow received."""
+    """A signal the workflow received. ``correlation_id`` is set when its sender waits for
+    an answer (``ctx.signal_and_wait``): pass it to ``ctx.reply_to_signal``."""
 
     name: str
     payload: Any
+    correlation_id: str = ""
 
 
 @dataclass(frozen=True)
@@ -318,13 +320,13 @@ class Context:
                 Call("inventory", "check", {"sku": sku}, retry=Retry(max_attempts=5)),
             )
 
-        Every call's first attempt is made, in the given order, before any failure is
-        raised; calls with a ``retry`` that fail wait for their backoffs together (one durable
-        timer to the earliest), then are tried again in order. The first failure is raised
-        once every call has finished, unless ``return_exceptions`` returns each failure in
-        its place. Each attempt is one recorded step, so a replay makes the same steps in
-        the same order. (ABI v1 answers a call within the host call, so the calls' own
-        network times add up; what runs together is their waiting. See ``_calls``.)"""
+        Every call's first attempt is made before any failure is raised: together, through
+        the host's ``durable_call_many`` (an optional extension of ABI v1), so their network
+        times overlap. Calls with a ``retry`` that fail wait for their backoffs together (one
+        durable timer to the earliest), then are tried again together. The first failure is
+        raised once every call has finished, unless ``return_exceptions`` returns each
+        failure in its place. Each attempt is one recorded step, in the given order, so a
+        replay makes the same steps in the same order. See ``_calls``."""
         return _calls.gather(self, calls, return_exceptions=return_exceptions)
 
     def call_with_retry(
@@ -420,7 +422,7 @@ class Context:
         data = json.loads(
             _packed(_host.host.durable_await_signals, _dumps(list(names)), _ms(timeout))
         )
-        return Signal(str(data["name"]), data.get("payload"))
+        return Signal(str(data["name"]), data.get("payload"), str(data.get("correlation_id", "")))
 
     def poll_signal(self, name: str) -> Signal | None:
         """A signal ``name`` if one has arrived, else None (never waits)."""

@@ -1,7 +1,8 @@
 """The binding to the cleat host.
 
 Inside a component built by ``manage.py build_workflow`` these are the WIT imports that
-componentize-py generates from ``sdk/wit/workflow.wit`` (``wit_world``). Imported anywhere
+componentize-py generates from the ``workflow-batch`` world of ``sdk/wit`` (``wit_world``):
+ABI v1's ``host`` and ``updates``, and the optional extension ``batch``. Imported anywhere
 else (documentation tools, type checkers, host-side tests of the pure parts), the SDK still
 imports, and any host operation raises :class:`OutsideWorkflow`.
 """
@@ -28,12 +29,13 @@ class _Unbound:
 
 try:  # pragma: no cover - inside a component
     from componentize_py_types import Err  # type: ignore[import-not-found]
-    from wit_world.imports import host, types, updates  # type: ignore[import-not-found]
+    from wit_world.imports import batch, host, types, updates  # type: ignore[import-not-found]
 
     IN_COMPONENT = True
 except ImportError:
     IN_COMPONENT = False
     host = _Unbound("host")
+    batch = _Unbound("batch")
     updates = _Unbound("updates")
     types = _Unbound("types")
 
@@ -45,4 +47,4 @@ except ImportError:
             self.value = value
 
 
-__all__ = ["IN_COMPONENT", "Err", "OutsideWorkflow", "host", "types", "updates"]
+__all__ = ["IN_COMPONENT", "Err", "OutsideWorkflow", "batch", "host", "types", "updates"]

@@ -33,9 +33,9 @@ from pathlib import Path
 SDK_PACKAGE_DIR = Path(__file__).resolve().parent
 SDK_PYTHON_DIR = SDK_PACKAGE_DIR.parent
 WIT_DIR = SDK_PYTHON_DIR.parent / "wit"
-WORLD = "workflow"
+WORLD = "workflow-batch"
 # Bump when the generated entry module or the componentize-py invocation changes.
-RECIPE_VERSION = 1
+RECIPE_VERSION = 2
 ENTRY_MODULE = "cleat_entry__"
 # Host-side modules of the SDK: not part of a component, so not part of its hash.
 HOST_ONLY = frozenset({"build.py", "testing.py"})

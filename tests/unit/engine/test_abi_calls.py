@@ -18,7 +18,7 @@ import wasmtime
 from engine.abi import IMPORTS
 from engine.config import EngineConfig
 from engine.determinism import idempotency_key
-from engine.errors import FenceLost, PermanentError
+from engine.errors import FenceLost, InvalidModule, PermanentError
 from engine.events import CallEvent, HeartbeatEvent, PluginCallEvent, StreamChunkEvent, encode
 from engine.services import Fetcher
 from engine.status import AbiStatus
@@ -625,3 +625,23 @@ def test_every_abi_import_is_called_by_a_group_fixture() -> None:
             if attr.endswith("_WAT") and isinstance(value, str):
                 called.update(n for n in ABI_V1_PARAMS if f'"env" "{n}"' in value)
     assert sorted(set(ABI_V1_PARAMS) - called) == []
+
+
+def test_the_batch_extension_links_and_a_wrong_signature_is_refused() -> None:
+    """durable_call_many (an optional extension, not ABI v1) is served to core modules in
+    "env" with its declared signature; another signature is refused at deploy."""
+    env = WorkflowEnvironment()
+    try:
+        w = Wat()
+        w.run(f"(call $rec (call $durable_call_many {w.js([])}))\n(call $finish)")
+        env.deploy("batch", w.wasm())
+        assert env.result(env.run("batch")) == [[0, "[]"]]
+        bad = """(module
+  (import "env" "durable_call_many" (func (param i32) (result i64)))
+  (memory (export "memory") 1)
+  (func (export "cleat_alloc") (param i32) (result i32) (i32.const 0))
+  (func (export "run") (param i32 i32) (result i64) (i64.const 0)))"""
+        with pytest.raises(InvalidModule, match="durable_call_many with type"):
+            env.deploy("bad", wasmtime.wat2wasm(bad))
+    finally:
+        env.runtime.close()

@@ -4,12 +4,19 @@ replayed in memory on virtual time: the same behaviour as ``examples/order_saga.
 from __future__ import annotations
 
 import datetime as dt
+import http.server
+import json
+import threading
+from collections.abc import Iterator
+from typing import Any
 
 import pytest
 import wasmtime
 
 from engine.abi import IMPORTS, IMPORTS_BY_NAME, wasm_param_types
 from engine.errors import PermanentError
+from engine.services import Fetcher
+from engine.status import AbiStatus
 from engine.testing import WorkflowEnvironment
 from tests.fixtures import FakeService, assert_replays_quietly, event_types, wait_of
 from tests.fixtures.guests import CARGO_SAGA, LANGUAGES, ROOT, built, built_example
@@ -188,3 +195,133 @@ def test_the_tour_of_state_identity_timers_signals_promises_locks_and_children(s
     assert {"state_mutation", "side_effect", "sleep", "child_workflow", "await_child"} <= set(types)
     assert {"create_promise", "promise_resolved", "await_promise", "acquire_lock"} <= set(types)
     assert_replays_quietly(env, run)
+
+
+# --- the rest of the wrappers, at run time: the excursion ------------------------------------
+
+EXCURSION_SUFFIXES = TOUR_SUFFIXES
+
+
+class _Tour(http.server.BaseHTTPRequestHandler):
+    """The fetch target: GET answers the X-Tour header it received as the body."""
+
+    seen: list[tuple[str, str]] = []
+
+    def do_GET(self) -> None:
+        tour = self.headers.get("X-Tour", "")
+        self.seen.append((self.path, tour))
+        body = json.dumps({"tour": tour}).encode()
+        self.send_response(200)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def log_message(self, format: str, *args: Any) -> None:
+        pass
+
+
+@pytest.fixture
+def fetch_target() -> Iterator[tuple[str, list[tuple[str, str]]]]:
+    seen: list[tuple[str, str]] = []
+    handler = type("Handler", (_Tour,), {"seen": seen})
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    thread = threading.Thread(target=server.serve_forever, args=(0.01,), daemon=True)
+    thread.start()
+    try:
+        yield f"http://127.0.0.1:{server.server_address[1]}", seen
+    finally:
+        server.shutdown()
+        server.server_close()
+        thread.join()
+
+
+class MathPlugin:
+    """A host plugin: ``double`` answers at once, ``count`` streams 0..n-1."""
+
+    def double(self, n: int) -> int:
+        return n * 2
+
+    def count(self, n: int) -> Iterator[int]:
+        yield from range(n)
+
+
+LANGUAGE_OF = {".rs": "rust", ".c": "c", ".zig": "zig", ".ts": "assemblyscript"}
+
+
+@pytest.mark.parametrize("suffix", EXCURSION_SUFFIXES)
+def test_the_excursion_runs_every_wrapper_the_saga_and_the_tour_do_not(
+    suffix: str, fetch_target: tuple[str, list[tuple[str, str]]]
+) -> None:
+    """fetch (to a local target), plugins (plain and streaming), send and schedule_invoke
+    (queued invocations), a heartbeat call, the JSON helpers, identity, cancellation,
+    promise rejection, scopes, crons, a detached run, a signal to a child, await_all /
+    await_any / poll_child, signal_and_wait answered by a child's reply_to_signal, an update
+    handler applied at a blocking point, continue-as-new
+    (plain, then with a version) and a defer, each with the answer the host gave."""
+    base, seen = fetch_target
+    audit = FakeService({"deferred": {"ok": True}, "note": {}, "later": {}})
+    shop = FakeService({"slow": {"ok": True}})
+    env = WorkflowEnvironment({"audit": audit, "shop": shop}, plugins={"math": MathPlugin()})
+    env.services.fetcher = Fetcher((base + "/",), allow_private=True)
+    env.deploy("excursion", built(CHECKS / f"excursion{suffix}"))
+    run = env.start("excursion", {"url": base + "/tour"})
+    env.run_until_idle()
+    assert wait_of(env, run)["signals"] == ["go"]
+    update = env.update(run, "on_update", {"u": 1})
+    env.run_until_idle()
+    assert env.update_result(update) == ("done", '{"u":1}')
+    assert env.describe(run)["query_state"] == {"updated": '{"u":1}'}
+    env.signal(run, "go", {"g": 1})
+    env.run_until_idle()
+
+    final = env.latest_run(run)
+    assert final != run
+    result = env.result(final)
+    assert result == {
+        "go": {"g": 1},
+        "fetch_status": 200,
+        "fetch_body": json.dumps({"tour": LANGUAGE_OF[suffix]}),
+        "doubled": 42,
+        "counted": [0, 1, 2],
+        "sent": 0,
+        "invocation_id_len": 36,
+        "heartbeat": {"ok": True},
+        "parsed": {"a": [1, 2]},
+        "stringified": '{"b":true}',
+        "bad_json": AbiStatus.PERMANENT,
+        "random_differs": True,
+        "run_id_len": 36,
+        "min_version": 0,
+        "cancellation": AbiStatus.NOT_FOUND,
+        "rejecting": 0,
+        "rejected_status": AbiStatus.ERROR,
+        "rejected": "no",
+        "previous_scope": {"object_type": "", "instance_key": ""},
+        "scope": {"object_type": "cart", "instance_key": "c-1"},
+        "crons": 1,
+        "cron_deleted": 0,
+        "bad_cron": AbiStatus.PERMANENT,
+        "detached_id_len": 36,
+        "signalled": 0,
+        "all": [{"name": "ping", "payload": {"v": 1}}, 2],
+        "any": 3,
+        "polled": 3,
+        "answer": {"answered": {"q": 1}},
+    }
+    assert seen == [("/tour", LANGUAGE_OF[suffix])]
+    assert [(i.service, i.operation) for i in env.storage.invocations] == [
+        ("audit", "note"),
+        ("audit", "later"),
+    ]
+    assert shop.ops() == ["slow"]
+    assert audit.ops() == ["deferred"]  # the defer ran when the last run ended
+    assert audit.calls[0].request == "ok"
+    assert event_types(env, final) == ["defer", "call"]  # the handler made its call
+    assert event_types(env, run)[-1] == "continue_as_new"
+    assert {"update_applied", "fetch", "plugin_call", "durable_send"} <= set(event_types(env, run))
+    assert {"schedule_cron", "delete_cron", "list_crons", "await_any_child"} <= set(
+        event_types(env, run)
+    )
+    for each in (run, final):
+        assert_replays_quietly(env, each, watch=[audit, shop])

@@ -6,6 +6,7 @@ replay-safe time and randomness, and the sandbox. Every run is checked fresh and
 from __future__ import annotations
 
 import json
+import threading
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -106,16 +107,18 @@ def test_calls_map_statuses_to_exceptions_and_retry_on_durable_timers(
 def test_gather_makes_every_first_attempt_then_retries_together_on_one_timer(
     env: WorkflowEnvironment, deploy: Callable[..., None], shop: FakeService
 ) -> None:
-    """Four calls: every first attempt is made in order although two fail; the two
-    retryable failures wait on one 2 s timer, then are tried again in order; results and
-    failures come back in place (return_exceptions). A second gather raises its first failure
-    once both calls were made. Fresh and replayed, the same steps in the same order."""
+    """Four calls: every first attempt is made (in one batch, recorded in the given order)
+    although two fail; the two retryable failures wait on one 2 s timer, then are tried
+    again together; results and failures come back in place (return_exceptions). A second
+    gather raises its first failure once both calls were made. Fresh and replayed, the same
+    steps in the same order."""
     deploy(env, "gathered")
     run = env.run("gathered")
     start = env.clock.ms
     assert wait_of(env, run)["kind"] == "timer"
     assert wait_of(env, run)["wake_at_ms"] == start + 2000
-    assert shop.ops() == ["price", "eventually", "reject", "flaky"]
+    # Made concurrently: they reach the service in any order, and are recorded in order.
+    assert sorted(shop.ops()) == sorted(["price", "eventually", "reject", "flaky"])
     env.advance(seconds=2)
 
     result = env.result(run)
@@ -123,12 +126,41 @@ def test_gather_makes_every_first_attempt_then_retries_together_on_one_timer(
     assert result[3][0] == "RetriesExhausted"
     assert result[3][1].startswith("shop.flaky: 2 attempt(s) failed, the last: ")
     assert result[4] == ["raised", "out of stock"]
-    assert shop.ops() == [
-        *["price", "eventually", "reject", "flaky"],
-        *["eventually", "flaky"],
-        *["reject", "price"],
-    ]
+    ops = shop.ops()
+    assert sorted(ops[:4]) == sorted(["price", "eventually", "reject", "flaky"])
+    assert sorted(ops[4:6]) == ["eventually", "flaky"]
+    assert sorted(ops[6:]) == ["price", "reject"]
     assert event_types(env, run) == ["call"] * 4 + ["sleep"] + ["call"] * 4
+    calls = [e for e in env.history(run) if isinstance(e, CallEvent)]
+    assert [(e.operation, e.request) for e in calls] == [
+        ("price", '{"sku":"a"}'),
+        ("eventually", '{"n":2}'),
+        ("reject", '{"sku":"b"}'),
+        ("flaky", '{"n":3}'),
+        ("eventually", '{"n":2}'),
+        ("flaky", '{"n":3}'),
+        ("reject", '{"sku":"c"}'),
+        ("price", '{"sku":"d"}'),
+    ]
+    assert_replays_quietly(env, run, watch=[shop])
+
+
+def test_a_gathers_calls_are_in_flight_together(
+    env: WorkflowEnvironment, deploy: Callable[..., None], shop: FakeService
+) -> None:
+    """Each of the three calls waits on a barrier of three parties: the gather can only
+    finish if they are in flight at once. The replay answers them from the history."""
+    barrier = threading.Barrier(3, timeout=20)
+
+    def meet(request: Any) -> Any:
+        barrier.wait()
+        return request["n"]
+
+    shop.operations["meet"] = meet
+    deploy(env, "met")
+    run = env.run("met")
+    assert env.result(run) == [0, 1, 2]
+    assert event_types(env, run) == ["call"] * 3
     assert_replays_quietly(env, run, watch=[shop])
 
 
@@ -201,6 +233,17 @@ def test_signals_wait_time_out_and_poll(
     env.signal(run, "late", [1])
     env.advance(seconds=10)
     assert env.result(run) == [["stop", {"n": 1}], "timeout", [1]]
+    assert_replays_quietly(env, run)
+
+
+def test_a_signal_sent_and_waited_on_is_answered_with_its_correlation_id(
+    env: WorkflowEnvironment, deploy: Callable[..., None]
+) -> None:
+    """wait_for_signal gives the Signal's correlation_id when its sender waits for an
+    answer; reply_to_signal with it answers the sender's signal_and_wait."""
+    deploy(env, "asker", "answerer")
+    run = env.run("asker")
+    assert env.result(run) == [{"answered": {"q": 1}}, True]
     assert_replays_quietly(env, run)
 
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
-from engine.abi import IMPORTS
+from engine.abi import EXTENSION_IMPORTS, IMPORTS
 from engine.component import wit_name
 
 WIT = Path(__file__).resolve().parents[3] / "sdk" / "wit" / "workflow.wit"
@@ -58,3 +58,21 @@ def test_updates_interface_offers_take_and_complete() -> None:
         "take": ([], "option<update-request>"),
         "complete": (["string", "u8", "string"], ""),
     }
+
+
+BATCH_WIT = WIT.parent / "batch.wit"
+
+
+def test_the_batch_extension_is_an_interface_of_its_own_outside_the_v1_world() -> None:
+    """The optional extension (engine.abi.EXTENSION_IMPORTS) lives in ``batch.wit``: the v1
+    world imports nothing of it, the ``workflow-batch`` world includes v1 and adds it."""
+    text = BATCH_WIT.read_text()
+    match = re.search(r"^interface batch \{\n(.*?)^\}", text, re.M | re.S)
+    assert match, "interface batch is missing from batch.wit"
+    assert _functions(match.group(1)) == {
+        wit_name(imp.name): ([PARAM_TYPES[c] for c in imp.params], RESULTS[imp.returns])
+        for imp in EXTENSION_IMPORTS
+    }
+    assert re.search(r"world workflow-batch \{\s*include workflow;\s*import batch;\s*\}", text)
+    world = re.search(r"^world workflow \{\n(.*?)^\}", WIT.read_text(), re.M | re.S)
+    assert world and "batch" not in world.group(1)

@@ -530,6 +530,9 @@ pub fn sleep_ms(duration_ms: i64) -> Result<()> {
 pub struct Signal {
     pub name: String,
     pub payload: Value,
+    /// Set when the sender waits for an answer (`signal_and_wait`): pass it to
+    /// [`reply_to_signal`]. Empty otherwise.
+    pub correlation_id: String,
 }
 
 fn names_json(names: &[&str]) -> String {
@@ -547,6 +550,7 @@ pub fn await_signals(names: &[&str], timeout_ms: Option<i64>) -> Result<Signal> 
     Ok(Signal {
         name: String::from(data["name"].as_str().unwrap_or("")),
         payload: data["payload"].clone(),
+        correlation_id: String::from(data["correlation_id"].as_str().unwrap_or("")),
     })
 }
 

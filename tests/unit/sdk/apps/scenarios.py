@@ -74,6 +74,11 @@ def gathered(ctx: Context, input: Any) -> Any:
     return seen
 
 
+@workflow
+def met(ctx: Context, input: Any) -> Any:
+    return ctx.gather(*(Call("shop", "meet", {"n": n}) for n in range(3)))
+
+
 @dataclass
 class Quote:
     sku: str
@@ -132,6 +137,20 @@ def signals(ctx: Context, input: Any) -> Any:
     polled = ctx.poll_signal("late")
     seen.append(None if polled is None else polled.payload)
     return seen
+
+
+@workflow
+def answerer(ctx: Context, input: Any) -> Any:
+    ask = ctx.wait_for_signal("ask")
+    ctx.reply_to_signal(ask.correlation_id, {"answered": ask.payload})
+    return ask.correlation_id != ""
+
+
+@workflow
+def asker(ctx: Context, input: Any) -> Any:
+    child = ctx.child("answerer", None)
+    answer = ctx.signal_and_wait(child, "ask", {"q": 1}, timeout=60)
+    return [answer, ctx.await_child(child)]
 
 
 # --- children ---------------------------------------------------------------------------------
