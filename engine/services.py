@@ -205,6 +205,17 @@ def _traced_headers(headers: dict[str, str]) -> dict[str, str]:
     return headers
 
 
+class _NoRedirects(urllib.request.HTTPRedirectHandler):
+    """A service that redirects is answered as the HTTP error it is: a redirect would carry
+    the bearer token to wherever it points and turn the POST into a GET."""
+
+    def redirect_request(self, *args: Any, **kwargs: Any) -> None:
+        return None
+
+
+_SERVICE_OPENER = urllib.request.build_opener(_NoRedirects)
+
+
 class HttpService:
     """An HTTP service: ``POST base_url + operation``. ``token`` gives the bearer token to send
     (``Authorization: Bearer …``), asked at every call so a rotated one is used at once; a
@@ -225,22 +236,38 @@ class HttpService:
         }
         if self.token is not None:
             try:
-                headers["Authorization"] = f"Bearer {self.token()}"
+                token = self.token()
             except Exception as exc:
                 return CallResult(AbiStatus.ERROR, f"service {service!r}: no bearer token: {exc}")
+            if any(c in token for c in "\r\n\0"):  # never sent, never quoted
+                return CallResult(
+                    AbiStatus.ERROR,
+                    f"service {service!r}: its bearer token contains a line break or NUL "
+                    "(check the secret it is read from)",
+                )
+            headers["Authorization"] = f"Bearer {token}"
         req = urllib.request.Request(
             url, data=request.encode(), method="POST", headers=_traced_headers(headers)
         )
         try:
-            with urllib.request.urlopen(req, timeout=self.timeout_s) as resp:
+            with _SERVICE_OPENER.open(req, timeout=self.timeout_s) as resp:
                 return CallResult(AbiStatus.OK, resp.read().decode("utf-8", "replace"))
         except urllib.error.HTTPError as exc:
             body = exc.read().decode("utf-8", "replace")[:2000]
             permanent = 400 <= exc.code < 500 and exc.code not in (408, 429)
             status = AbiStatus.PERMANENT if permanent else AbiStatus.ERROR
+            if 300 <= exc.code < 400:
+                where = exc.headers.get("Location", "?") if exc.headers else "?"
+                return CallResult(
+                    AbiStatus.ERROR,
+                    f"HTTP {exc.code} from {url}: services are not followed to another "
+                    f"address ({where}); configure the service's final URL",
+                )
             return CallResult(status, f"HTTP {exc.code} from {url}: {body}")
         except (urllib.error.URLError, OSError, TimeoutError) as exc:
             return CallResult(AbiStatus.ERROR, f"{url}: {exc}")
+        except ValueError:  # its message would quote the header value
+            return CallResult(AbiStatus.ERROR, f"{url}: the request has an invalid header")
 
 
 class ServiceRegistry:

@@ -173,6 +173,12 @@ def http_service() -> Iterator[tuple[str, list[str]]]:
         def do_POST(self) -> None:
             self.rfile.read(int(self.headers.get("Content-Length", 0)))
             seen.append(self.headers.get("Authorization", ""))
+            if self.path.startswith("/redirect/"):
+                self.send_response(302)
+                self.send_header("Location", "http://127.0.0.2:9/elsewhere")
+                self.send_header("Content-Length", "0")
+                self.end_headers()
+                return
             body = b'{"ok":true}'
             self.send_response(200)
             self.send_header("Content-Length", str(len(body)))
@@ -219,6 +225,22 @@ def test_http_services_send_the_bearer_token_their_setting_names(
         assert failed.status == AbiStatus.ERROR
         assert "service 'broken': no bearer token: file:" in failed.payload
         assert len(seen) == 3  # nothing was sent without its token
+        # A token with a line break (an env var filled from a file) is neither sent nor quoted.
+        (tmp_path / "crlf").write_text("tok-3\r\ninjected: yes")
+        settings.CLEAT_SERVICE_TOKENS = {"broken": f"file:{tmp_path}/crlf"}
+        cleat_settings.cache_clear()
+        services = cleat_settings().build_services()
+        failed = services.caller.call("broken", "charge", "{}", context)
+        assert failed.status == AbiStatus.ERROR and "line break" in failed.payload
+        assert "tok-3" not in failed.payload and len(seen) == 3
+        # A redirect is not followed: the token would go wherever it points.
+        settings.CLEAT_SERVICES = {"billing": url + "redirect/"}
+        settings.CLEAT_SERVICE_TOKENS = {"billing": "vault:cleat/billing#token"}
+        cleat_settings.cache_clear()
+        services = cleat_settings().build_services()
+        moved = services.caller.call("billing", "charge", "{}", context)
+        assert moved.status == AbiStatus.ERROR and "not followed" in moved.payload
+        assert seen[3:] == ["Bearer tok-2"]  # only the first hop saw the token
     finally:
         cleat_settings.cache_clear()
 
