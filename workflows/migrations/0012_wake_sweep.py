@@ -14,29 +14,36 @@ TABLES = ("workflows_signal", "workflows_updaterequest", "workflows_taskcall", "
 MISSED_WAKES_SQL = """
 CREATE OR REPLACE FUNCTION cleat.missed_wakes(p_since timestamptz, p_now timestamptz)
 RETURNS TABLE(id uuid, tenant_id uuid)
-LANGUAGE sql STABLE SECURITY DEFINER SET search_path = public, pg_temp AS $$
+LANGUAGE plpgsql STABLE SECURITY DEFINER SET search_path = public, pg_temp AS $$
+BEGIN
+    -- Planned at each call with the values in hand (EXECUTE): planned once for any
+    -- p_since, the arrival ranges look like a third of each table, and the plan reads the
+    -- tables whole (66 ms a call among 400,000 runs; 2 ms planned with the values).
+    RETURN QUERY EXECUTE $sweep$
     SELECT w.id, w.tenant_id
       FROM workflows_workflowinstance AS w
      WHERE w.id IN (SELECT c.parent_id FROM workflows_workflowinstance AS c
-                     WHERE c.completed_at >= p_since AND c.parent_id IS NOT NULL
+                     WHERE c.completed_at >= $1 AND c.parent_id IS NOT NULL
                     UNION ALL
                     SELECT s.instance_id FROM workflows_signal AS s
-                     WHERE s.created_at >= p_since AND s.consumed_at IS NULL
+                     WHERE s.created_at >= $1 AND s.consumed_at IS NULL
                     UNION ALL
                     SELECT u.instance_id FROM workflows_updaterequest AS u
-                     WHERE u.status = 'pending' AND u.created_at >= p_since
+                     WHERE u.status = 'pending' AND u.created_at >= $1
                     UNION ALL
                     SELECT k.instance_id FROM workflows_taskcall AS k
-                     WHERE k.state = 'reported' AND k.reported_at >= p_since
+                     WHERE k.state = 'reported' AND k.reported_at >= $1
                     UNION ALL
                     SELECT p.instance_id FROM workflows_promise AS p
-                     WHERE p.settled_at >= p_since)
-       AND w.status = 'ready' AND (w.next_wake_at IS NULL OR w.next_wake_at > p_now)
+                     WHERE p.settled_at >= $1)
+       AND w.status = 'ready' AND (w.next_wake_at IS NULL OR w.next_wake_at > $2)
     UNION
     SELECT w.id, w.tenant_id
       FROM workflows_workflowinstance AS w
      WHERE w.cancel_requested AND w.status = 'ready'
-       AND (w.next_wake_at IS NULL OR w.next_wake_at > p_now)
+       AND (w.next_wake_at IS NULL OR w.next_wake_at > $2)
+    $sweep$ USING p_since, p_now;
+END
 $$;
 """
 

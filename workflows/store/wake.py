@@ -226,9 +226,13 @@ def sweep_missed_wakes(since: datetime, now: datetime) -> int:
     for tenant, run_id in missed_wake_candidates(since, now):
         try:
             with tenant_context(tenant):
-                instance = WorkflowInstance.objects.filter(
-                    id=run_id, tenant_id=tenant, status=RunStatus.READY
-                ).first()
+                instance = (
+                    WorkflowInstance.objects.filter(
+                        id=run_id, tenant_id=tenant, status=RunStatus.READY
+                    )
+                    .only("id", "tenant_id", "next_wake_at", "waiting_on", "cancel_requested")
+                    .first()
+                )
                 if instance is None or (
                     instance.next_wake_at is not None and instance.next_wake_at <= now
                 ):
