@@ -54,6 +54,7 @@ CRASH_POINTS = (
     "continue_as_new",
     "child_start",
     "schedule_fire",
+    "before_wake",
 )
 
 

@@ -306,6 +306,9 @@ CLEAT_OTLP_ENDPOINT = env.str("CLEAT_OTLP_ENDPOINT", default="")
 CLEAT_TRACING_SERVICE_NAME = env.str("CLEAT_TRACING_SERVICE_NAME", default="cleat")
 # A waiting run re-checks its wait at least this often (recovers a wake lost to a crash).
 CLEAT_WAIT_RECHECK_SECONDS = env.float("CLEAT_WAIT_RECHECK_SECONDS", default=300.0)
+# The wake sweep: every this many seconds each worker (or beat) wakes waiting runs whose
+# wake-up a crash lost between the satisfying commit and the wake (0: off; the re-check then).
+CLEAT_WAKE_SWEEP_SECONDS = env.float("CLEAT_WAKE_SWEEP_SECONDS", default=3.0)
 # Fairness between tenants: most runs of one tenant running at once, for a tenant that sets
 # none in the admin (0: no cap); the highest run priority an API key of each role may ask
 # for (priorities range from -100 to 100; the admin and commands may use the whole range);

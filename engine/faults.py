@@ -3,9 +3,10 @@
 A crash point is a line in the worker, the store or the scheduler where a process could
 die in production -- between a service's answer and its event's commit, between an append
 and the guest seeing its reply, inside the finalize, a continue-as-new, a child start, a
-schedule's firing. ``crash_point(name)`` does nothing unless the process was armed with
-:func:`arm` (``workflows.apps`` arms it from the test-only setting ``CLEAT_TEST_CRASH_AT``,
-which defaults to empty): the check is one module-level ``None`` comparison, so production
+schedule's firing, between a satisfying commit and its wake of the waiting run.
+``crash_point(name)`` does nothing unless the process was armed with :func:`arm`
+(``workflows.apps`` arms it from the test-only setting ``CLEAT_TEST_CRASH_AT``, which
+defaults to empty): the check is one module-level ``None`` comparison, so production
 pays nothing for it. Armed with ``name`` (or ``name:N``), the N-th time (default: the first)
 the process reaches that point it calls ``os._exit`` -- no ``finally``, no ``atexit``, no
 rollback sent, no socket closed politely: what a machine losing power looks like to the
@@ -37,6 +38,8 @@ POINTS: dict[str, str] = {
     "continue_as_new": "inside the finalize, the successor run created, not yet committed",
     "child_start": "inside the start's transaction, the child run created, not committed",
     "schedule_fire": "a schedule's run started for an instant, the firing not committed",
+    "before_wake": "a child's end, a signal, an update, a promise or a task outcome committed; "
+    "the waiting run not yet woken",
     # Reserved: placed by the retention purge and the key rotation when they land.
     "purge_batch": "between two batches of the retention purge",
     "key_rotation_batch": "between two batches of a payload-key rotation",

@@ -15,14 +15,16 @@ class WorkflowsConfig(AppConfig):
         from django.conf import settings
 
         from workflows import celery_calls, duties, faults, retention
-        from workflows.maintenance import reaper_duty
+        from workflows.maintenance import reaper_duty, wake_sweep_duty
 
         checks.register(check_fetch_allow_list)
         checks.register(check_retention_settings)
         checks.register(check_tracing_settings)
+        checks.register(check_wake_sweep_setting)
         celery_calls.register()
         # First, so a pass of the loop reaps before the apps' duties (and the claim) run.
         duties.register("reaper", reaper_duty)
+        duties.register("wake_sweep", wake_sweep_duty)
         duties.register("retention", retention.worker_duty)
         # Test-only fault injection; both settings are empty in production (nothing happens).
         faults.install(
@@ -69,3 +71,17 @@ def check_tracing_settings(app_configs: Any = None, **kwargs: Any) -> list[check
 
     fault = configuration_fault()
     return [] if fault is None else [checks.Error(fault, id="workflows.E003", obj="CLEAT_TRACING")]
+
+
+def check_wake_sweep_setting(app_configs: Any = None, **kwargs: Any) -> list[checks.CheckMessage]:
+    """``CLEAT_WAKE_SWEEP_SECONDS`` must be a number of seconds (0: off): a worker refuses to
+    start on one it cannot read."""
+    from django.core.exceptions import ImproperlyConfigured
+
+    from workflows.maintenance import wake_sweep_seconds
+
+    try:
+        wake_sweep_seconds()
+    except ImproperlyConfigured as exc:
+        return [checks.Error(str(exc), id="workflows.E004", obj="CLEAT_WAKE_SWEEP_SECONDS")]
+    return []

@@ -402,6 +402,10 @@ class WorkflowInstance(TenantScoped):
             # The retention purge: a tenant's finished runs of one status, oldest end first.
             models.Index(fields=["tenant", "status", "completed_at"], name="instance_retention"),
             models.Index(fields=["tenant", "purge_batch"], name="instance_purge_batch"),
+            # The wake sweep (workflows/store/wake.py): children that ended since its last
+            # pass (their parents may wait), and waiting runs asked to cancel.
+            models.Index(fields=["completed_at", "parent"], name="instance_child_ended"),
+            models.Index(fields=["cancel_requested", "status"], name="instance_cancel_asked"),
         ]
         ordering = ["-created_at"]
         permissions = [
@@ -481,7 +485,11 @@ class Signal(TenantScoped):
     consumed_at = models.DateTimeField(null=True, blank=True)
 
     class Meta:
-        indexes = [models.Index(fields=["instance", "consumed_at", "id"], name="signal_pending")]
+        indexes = [
+            models.Index(fields=["instance", "consumed_at", "id"], name="signal_pending"),
+            # The wake sweep: signals that arrived since its last pass.
+            models.Index(fields=["created_at"], name="signal_arrived"),
+        ]
         ordering = ["id"]
 
 
@@ -502,6 +510,10 @@ class Promise(TenantScoped):
     created_at = models.DateTimeField(default=timezone.now)
     settled_at = models.DateTimeField(null=True, blank=True)
 
+    class Meta:
+        # The wake sweep: promises settled since its last pass.
+        indexes = [models.Index(fields=["settled_at"], name="promise_settled")]
+
 
 class UpdateRequest(TenantScoped):
     class State(models.TextChoices):
@@ -517,6 +529,10 @@ class UpdateRequest(TenantScoped):
     result = models.TextField(blank=True, default="")
     created_at = models.DateTimeField(default=timezone.now)
     completed_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        # The wake sweep: pending updates sent since its last pass.
+        indexes = [models.Index(fields=["status", "created_at"], name="update_pending")]
 
 
 class ConcurrencyKey(TenantScoped):
@@ -612,6 +628,8 @@ class TaskCall(TenantScoped):
         constraints = [
             models.UniqueConstraint(fields=["instance", "step"], name="task_call_step_unique")
         ]
+        # The wake sweep: outcomes reported since its last pass.
+        indexes = [models.Index(fields=["state", "reported_at"], name="task_call_reported")]
 
 
 class AuditLog(TenantScoped):

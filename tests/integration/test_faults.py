@@ -6,13 +6,15 @@ and replaying to its row's end, every idempotent effect applied exactly once, an
 schedule instant fired exactly once.
 
 The workload (``support.faults.Workload``) passes every crash point: ledger calls and their
-appends, a child start, a continue-as-new, finalizes, schedule firings. Crash points run on
-PostgreSQL and MariaDB; the proxy, the skew and the restart on PostgreSQL (``postgres_only``).
-The SQLite pass leaves the module out (``server_db``).
+appends, a child start, a continue-as-new, finalizes, schedule firings; a scenario of its own
+crashes between a child's end (a signal's) and its wake of the waiting run (``before_wake``).
+Crash points run on PostgreSQL and MariaDB; the proxy, the skew and the restart on
+PostgreSQL (``postgres_only``). The SQLite pass leaves the module out (``server_db``).
 """
 
 from __future__ import annotations
 
+import json
 import re
 import time
 from collections.abc import Iterator
@@ -25,6 +27,7 @@ from django.db import connection
 from django.utils import timezone
 
 from engine import faults
+from tests.fixtures.wat import Wat
 from tests.integration.support.faults import Workload, check, unfinished
 from tests.integration.support.ledger import Ledger
 from tests.integration.support.netproxy import FaultyProxy
@@ -69,7 +72,7 @@ def worker(
     # dies between a child's (or a signal's) commit and its wake of the waiting run -- a crash
     # point in another thread, a kill -- leaves that run to this re-check (300 s by default):
     # short here, so the scenarios see the recovery they rely on.
-    extra["CLEAT_WAIT_RECHECK_SECONDS"] = RECHECK_S
+    extra["CLEAT_WAIT_RECHECK_SECONDS"] = env.pop("CLEAT_WAIT_RECHECK_SECONDS", RECHECK_S)
     return WorkerProcess(
         tmp_path / f"{name}.log",
         ["--worker-id", name, "--poll-interval", "0.2", "--lease", str(LEASE_S), *args],
@@ -143,6 +146,100 @@ def test_workers_crashing_at_every_point_in_turn_lose_nothing_and_double_nothing
     assert report.firings >= 3
     # The crashes were real: calls were re-sent after them (and the key kept them single).
     assert ledger.repeated_keys(), "no call was sent twice: no crash interrupted a call"
+
+
+# --- a wake-up lost with its process -------------------------------------------------------
+
+# Long, as in production (300 s by default): the runs must not owe their recovery to it.
+LONG_RECHECK_S = "600"
+# What "within seconds" means here, on a loaded machine (the sweep runs every 3 s).
+SWEEP_DEADLINE_S = 15.0
+
+
+def test_a_wake_up_lost_with_a_crashed_worker_is_found_by_the_sweep_in_seconds(
+    tenant: Tenant, ledger: Ledger, tmp_path: Path
+) -> None:
+    """A worker dies between the commit of a child's end and its wake of the parent; another
+    between the commit of a signal and its wake of the run waiting for it (``before_wake``).
+    With the re-check ten minutes away, the healthy worker's wake sweep wakes each within
+    seconds (it says so in its log) and they finish: the first on the sweep's first pass
+    (the healthy worker started after the crash), the second on a later one (it was
+    running when the crash happened)."""
+    from workflows import definitions, services
+    from workflows.models import RunStatus, WorkflowInstance
+    from workflows.tenancy import tenant_context
+
+    if connection.vendor not in ("postgresql", "mysql"):
+        pytest.fail("this scenario runs worker processes: CLEAT_TEST_DB=postgres or mariadb")
+    w = Wat()
+    w.run("(call $finish)")
+    definitions.deploy_definition(tenant, "leaf", w.wasm())
+    w = Wat()
+    w.run(
+        f"""(local.set $c (call $child_workflow {w.s("leaf")} {w.js({})}))
+        (call $rec (call $await_child {w.payload("c")})) (call $finish)""",
+        locals="$c i64",
+    )
+    definitions.deploy_definition(tenant, "parent", w.wasm())
+    w = Wat()
+    w.run(f"(call $rec (call $durable_await_signals {w.js(['go'])} (i64.const -1))) (call $finish)")
+    definitions.deploy_definition(tenant, "waiter", w.wasm())
+    w = Wat()
+    w.run(
+        f"(call $rec (call $signal_workflow {w.input_string()} {w.s('go')} {w.js({})}))"
+        " (call $finish)"
+    )
+    definitions.deploy_definition(tenant, "sender", w.wasm())
+
+    def status(run_id: str) -> tuple[str, Any]:
+        with tenant_context(tenant.id):
+            return (
+                WorkflowInstance.objects.filter(id=run_id)
+                .values_list("status", "next_wake_at")
+                .get()
+            )
+
+    parent = str(services.start_workflow(tenant, "parent")[0].id)
+    waiter = str(services.start_workflow(tenant, "waiter")[0].id)
+    # One segment at a time: the parent's finalize commits before its child runs (so the
+    # child's end is the parent's only wake-up).
+    doomed = ["--concurrency", "1"]
+    recheck = {"CLEAT_WAIT_RECHECK_SECONDS": LONG_RECHECK_S, "CLEAT_TEST_CRASH_AT": "before_wake"}
+    with worker(tmp_path, "doomed-child", ledger, *doomed, **recheck) as a:
+        code = a.wait(timeout=60)
+        assert code == faults.EXIT_CODE, f"exit {code}, not a crash at before_wake:\n{a.log()}"
+        assert "event=crash_point point=before_wake" in a.log()
+    now = timezone.now()
+    for run_id in (parent, waiter):  # both asleep until the re-check, ten minutes away
+        state, wake_at = status(run_id)
+        assert state == RunStatus.READY and wake_at > now + timedelta(minutes=5), (run_id, wake_at)
+
+    healthy = {"CLEAT_WAIT_RECHECK_SECONDS": LONG_RECHECK_S}
+    with worker(tmp_path, "healer", ledger, "--queues", "default", **healthy) as healer:
+        started = time.monotonic()
+        wait_until(lambda: status(parent)[0] == RunStatus.DONE, 60, "the parent done", 0.2)
+        parent_s = time.monotonic() - started
+        assert f"event=wake_swept run={parent}" in healer.log(), healer.log()[-3000:]
+        assert status(waiter)[0] == RunStatus.READY  # still waiting for its signal
+        # A run on a queue only the doomed worker serves signals the waiter, and its worker
+        # dies after the signal's commit, before its wake.
+        services.start_workflow(tenant, "sender", json.dumps(waiter), task_queue="doomed")
+        with worker(tmp_path, "doomed-signal", ledger, "--queues", "doomed", **recheck) as b:
+            code = b.wait(timeout=60)
+            assert code == faults.EXIT_CODE, f"exit {code}, not a crash at before_wake:\n{b.log()}"
+            assert "event=crash_point point=before_wake" in b.log()
+        crashed = time.monotonic()
+        wait_until(lambda: status(waiter)[0] == RunStatus.DONE, 60, "the waiter done", 0.2)
+        waiter_s = time.monotonic() - crashed
+        assert f"event=wake_swept run={waiter}" in healer.log(), healer.log()[-3000:]
+        healer.terminate()
+        assert healer.wait(timeout=30) == 0, healer.log()[-3000:]
+    print(
+        f"\nparent done {parent_s:.1f}s after the healer started, "
+        f"waiter {waiter_s:.1f}s after the crash"
+    )
+    assert parent_s < SWEEP_DEADLINE_S, f"the parent took {parent_s:.1f}s"
+    assert waiter_s < SWEEP_DEADLINE_S, f"the waiter took {waiter_s:.1f}s"
 
 
 # --- a misbehaving network (PostgreSQL) --------------------------------------------------------

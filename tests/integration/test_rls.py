@@ -69,7 +69,7 @@ from workflows.store.lifecycle import (
     next_due_at,
     reap_expired_leases,
 )
-from workflows.store.sql.postgresql import DEFINER_FUNCTIONS
+from workflows.store.sql.postgresql import DEFINER_FUNCTIONS, MISSED_WAKES_SIGNATURE
 from workflows.store.storage import DjangoStorage
 from workflows.tenancy import tenant_context
 
@@ -515,7 +515,7 @@ def test_the_definer_role_is_narrow_and_out_of_the_app_roles_reach() -> None:
         )
         owned = {name: rest for name, *rest in cursor.fetchall()}
         expected = set()
-        for function in DEFINER_FUNCTIONS:
+        for function in (*DEFINER_FUNCTIONS, MISSED_WAKES_SIGNATURE):
             cursor.execute("SELECT %s::regprocedure::text", [function])
             expected.add(cursor.fetchone()[0])
         assert expected <= set(owned)

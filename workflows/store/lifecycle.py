@@ -44,10 +44,8 @@ from engine.versions import move_refusal
 from workflows.models import (
     TERMINAL_STATUSES,
     ConcurrencyKey,
-    Promise,
     RunStatus,
     Signal,
-    TaskCall,
     Tenant,
     UpdateRequest,
     WorkflowDefinition,
@@ -397,7 +395,7 @@ def finalize_segment(ref: RunRef, result: SegmentResult, now: datetime | None = 
         instance.query_state = result.query_state
         instance.assigned_to = None
         outcome = result.outcome
-        arrived = isinstance(outcome, Suspended) and _wakeup_arrived(
+        arrived = isinstance(outcome, Suspended) and wake.wakeup_arrived(
             instance, outcome.wait.as_dict()
         )
         state = lifecycle.RunState(
@@ -676,38 +674,6 @@ def _successor(
     crash_point("continue_as_new")  # the successor written, the finalize not committed
     wake.notify_after_commit()
     return successor
-
-
-def _wakeup_arrived(instance: WorkflowInstance, wait: dict[str, object]) -> bool:
-    """Whatever a waiting run can be woken by, if it arrived while its segment ran."""
-    if instance.cancel_requested:
-        return True
-    if UpdateRequest.objects.filter(
-        instance_id=instance.id, status=UpdateRequest.State.PENDING
-    ).exists():
-        return True
-    names = list(wait.get("signals") or [])  # type: ignore[call-overload]
-    if (
-        names
-        and Signal.objects.filter(
-            instance_id=instance.id, consumed_at__isnull=True, name__in=names
-        ).exists()
-    ):
-        return True
-    run_ids = list(wait.get("run_ids") or [])  # type: ignore[call-overload]
-    if (
-        run_ids
-        and WorkflowInstance.objects.filter(id__in=run_ids, status__in=TERMINAL_STATUSES).exists()
-    ):
-        return True
-    task_id = wait.get("task_id")
-    if task_id and TaskCall.objects.filter(id=task_id, state=TaskCall.State.REPORTED).exists():
-        return True
-    promise_id = wait.get("promise_id")
-    return bool(
-        promise_id
-        and Promise.objects.filter(id=promise_id).exclude(status=Promise.State.PENDING).exists()
-    )
 
 
 def _close_children(parent: WorkflowInstance, now: datetime) -> None:

@@ -20,6 +20,7 @@ from datetime import datetime
 from django.db import transaction
 from django.utils import timezone
 
+from engine.faults import crash_point
 from engine.task_calls import Disposition, disposition
 from workflows.models import TERMINAL_STATUSES, TaskCall, WorkflowInstance
 from workflows.store import wake
@@ -78,6 +79,7 @@ def report_outcome(
             )
     if verdict is Disposition.RECORDED:
         assert instance_id is not None
+        crash_point("before_wake")  # the outcome committed, the run not yet woken
         woke = wake.wake_now(tenant_id, instance_id)
         log.info(
             "event=task_outcome task=%s run=%s status=%d woke=%s",

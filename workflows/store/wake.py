@@ -4,8 +4,24 @@ A run that waits (for a signal, a child, a promise) has ``next_wake_at`` NULL or
 future. Whatever satisfies the wait makes it due: ``next_wake_at = now`` if it is ``ready``.
 That is done after the satisfying transaction commits, in a short transaction of its own, so
 no transaction ever holds two runs' row locks (no deadlocks between runs signalling each
-other). If the process dies between the two, the run's periodic re-check
-(``CLEAT_WAIT_RECHECK_SECONDS``) still finds it.
+other, nor between a child finishing and a parent closing its children).
+
+If the process dies between the two (``os._exit``, ``kill -9``: the crash point
+``before_wake``), the wake-up is lost with it. The **wake sweep** (:func:`sweep_missed_wakes`,
+the worker duty ``wake_sweep`` every ``CLEAT_WAKE_SWEEP_SECONDS``) finds such runs: it takes
+the waiting runs (``ready``, not due) that received something since its last pass -- a child
+that ended, an unconsumed signal, a pending update, a task call's reported outcome, a settled
+promise, a cancellation request -- asks :func:`wakeup_arrived` (the same rule the finalize
+asks) whether that satisfies what each one waits for, and wakes those through
+:func:`wake_now`. It reads those rows from the satisfying side, each by an index on when it
+arrived, so a pass costs what arrived since the last one, not the number of waiting runs. The
+run's re-check (``CLEAT_WAIT_RECHECK_SECONDS``) remains the last resort (no worker running
+the sweep, an arrival whose commit lagged its timestamp by more than :data:`SWEEP_OVERLAP`).
+
+Approaches dropped: waking inside the satisfying transaction (it takes the waiting run's row
+lock while holding the child's: a parent closing its children takes them in the other order,
+a deadlock); a row written with each satisfaction and deleted by its wake (an outbox: exact,
+but a write and a delete more on every child end, signal and update, to cover a crash).
 
 Ordering argument for the race with a finalizing run: the finalize holds the run's row lock
 while it looks for wake-ups that arrived during the segment; a wake issued after the
@@ -19,11 +35,23 @@ from __future__ import annotations
 import logging
 import time
 import uuid
+from collections.abc import Iterable, Mapping
+from datetime import datetime, timedelta
 
 from django.db import DatabaseError, connection, transaction
+from django.db.models import Q
 from django.utils import timezone
 
-from workflows.models import RunStatus, WorkflowInstance
+from engine.faults import crash_point
+from workflows.models import (
+    TERMINAL_STATUSES,
+    Promise,
+    RunStatus,
+    Signal,
+    TaskCall,
+    UpdateRequest,
+    WorkflowInstance,
+)
 from workflows.store.sql import queries
 from workflows.tenancy import tenant_context
 
@@ -73,6 +101,9 @@ WAKE_RETRY_S = (0.2, 0.5, 1.0, 2.0)
 
 def after_commit(tenant: uuid.UUID, instance_id: uuid.UUID | str) -> None:
     def run() -> None:
+        # A crash here: the satisfying transaction committed, its wake-up never ran (the
+        # wake sweep finds the run).
+        crash_point("before_wake")
         for attempt, pause in enumerate((0.0, *WAKE_RETRY_S)):
             time.sleep(pause)
             try:
@@ -92,6 +123,132 @@ def after_commit(tenant: uuid.UUID, instance_id: uuid.UUID | str) -> None:
         )
 
     transaction.on_commit(run)
+
+
+def wakeup_arrived(instance: WorkflowInstance, wait: Mapping[str, object]) -> bool:
+    """Whether something ``instance`` can be woken by has arrived: a cancellation request, a
+    pending update, or what its wait names (``wait``: a ``WaitCondition.as_dict()``, as
+    ``waiting_on`` stores it) -- an unconsumed signal of its names, an ended child, its task
+    call's reported outcome, its settled promise.
+
+    The one readiness rule: the finalize asks it about what arrived while the segment ran,
+    the wake sweep about waiting runs whose wake-up may have been lost."""
+    if instance.cancel_requested:
+        return True
+    if UpdateRequest.objects.filter(
+        instance_id=instance.id, status=UpdateRequest.State.PENDING
+    ).exists():
+        return True
+    names = list(wait.get("signals") or [])  # type: ignore[call-overload]
+    if (
+        names
+        and Signal.objects.filter(
+            instance_id=instance.id, consumed_at__isnull=True, name__in=names
+        ).exists()
+    ):
+        return True
+    run_ids = list(wait.get("run_ids") or [])  # type: ignore[call-overload]
+    if (
+        run_ids
+        and WorkflowInstance.objects.filter(id__in=run_ids, status__in=TERMINAL_STATUSES).exists()
+    ):
+        return True
+    task_id = wait.get("task_id")
+    if task_id and TaskCall.objects.filter(id=task_id, state=TaskCall.State.REPORTED).exists():
+        return True
+    promise_id = wait.get("promise_id")
+    return bool(
+        promise_id
+        and Promise.objects.filter(id=promise_id).exclude(status=Promise.State.PENDING).exists()
+    )
+
+
+# How far back before its previous pass each pass of the sweep looks again. A satisfying row
+# carries the time its transaction read (``now``), a little before it committed, and the
+# workers' clocks may differ a little; an arrival committed later than this after its own
+# timestamp is left to the run's re-check.
+SWEEP_OVERLAP = timedelta(seconds=10)
+
+# Run ids per statement when the sweep reads candidates through the ORM.
+_CHUNK = 500
+
+
+def missed_wake_candidates(since: datetime, now: datetime) -> list[tuple[uuid.UUID, uuid.UUID]]:
+    """(tenant, run) of every waiting run -- ``ready``, not due -- that received something
+    since ``since`` (a child ended, an unconsumed signal, a pending update, a reported task
+    outcome, a settled promise) or has a cancellation request, across tenants. A superset of
+    the runs to wake: :func:`wakeup_arrived` decides.
+
+    On PostgreSQL through the definer function ``cleat.missed_wakes`` (row-level security
+    hides other tenants' rows from the application role); elsewhere, where there is no such
+    security, through the ORM, source by source."""
+    sql = queries(connection).get("missed_wakes")
+    if sql is not None:
+        with connection.cursor() as cursor:
+            cursor.execute(sql, [since, now])
+            return [(uuid.UUID(str(t)), uuid.UUID(str(i))) for i, t in cursor.fetchall()]
+    arrived: set[uuid.UUID] = set()
+    sources: Iterable[Iterable[uuid.UUID | None]] = (
+        WorkflowInstance.objects.filter(
+            completed_at__gte=since, parent_id__isnull=False
+        ).values_list("parent_id", flat=True),
+        Signal.objects.filter(created_at__gte=since, consumed_at__isnull=True).values_list(
+            "instance_id", flat=True
+        ),
+        UpdateRequest.objects.filter(
+            status=UpdateRequest.State.PENDING, created_at__gte=since
+        ).values_list("instance_id", flat=True),
+        TaskCall.objects.filter(state=TaskCall.State.REPORTED, reported_at__gte=since).values_list(
+            "instance_id", flat=True
+        ),
+        Promise.objects.filter(settled_at__gte=since).values_list("instance_id", flat=True),
+    )
+    for source in sources:
+        arrived.update(run_id for run_id in source if run_id is not None)
+    waiting = WorkflowInstance.objects.filter(status=RunStatus.READY).filter(
+        Q(next_wake_at__isnull=True) | Q(next_wake_at__gt=now)
+    )
+    found = set(waiting.filter(cancel_requested=True).values_list("tenant_id", "id"))
+    ids = sorted(arrived)
+    for start in range(0, len(ids), _CHUNK):
+        found.update(
+            waiting.filter(id__in=ids[start : start + _CHUNK]).values_list("tenant_id", "id")
+        )
+    return sorted(found)
+
+
+def sweep_missed_wakes(since: datetime, now: datetime) -> int:
+    """Wake the waiting runs whose wait something since ``since`` satisfies (the module
+    docstring says when a wake-up is lost). Each run is judged in its tenant's context by
+    :func:`wakeup_arrived` and woken by :func:`wake_now`; a run whose waiting state cannot be
+    read (a malformed ``waiting_on``) is logged and passed over. Returns the runs woken."""
+    woken = 0
+    for tenant, run_id in missed_wake_candidates(since, now):
+        try:
+            with tenant_context(tenant):
+                instance = (
+                    WorkflowInstance.objects.filter(
+                        id=run_id, tenant_id=tenant, status=RunStatus.READY
+                    )
+                    .only("id", "tenant_id", "next_wake_at", "waiting_on", "cancel_requested")
+                    .first()
+                )
+                if instance is None or (
+                    instance.next_wake_at is not None and instance.next_wake_at <= now
+                ):
+                    continue
+                wait = instance.waiting_on if isinstance(instance.waiting_on, dict) else {}
+                if not wakeup_arrived(instance, wait):
+                    continue
+        except DatabaseError:
+            raise
+        except Exception:
+            log.exception("event=wake_sweep_error run=%s", run_id)
+            continue
+        if wake_now(tenant, run_id):
+            woken += 1
+            log.info("event=wake_swept run=%s tenant=%s", run_id, tenant)
+    return woken
 
 
 def notify() -> None:
