@@ -19,6 +19,7 @@ class WorkflowsConfig(AppConfig):
 
         checks.register(check_fetch_allow_list)
         checks.register(check_retention_settings)
+        checks.register(check_encryption_settings)
         celery_calls.register()
         # First, so a pass of the loop reaps before the apps' duties (and the claim) run.
         duties.register("reaper", reaper_duty)
@@ -58,4 +59,19 @@ def check_retention_settings(app_configs: Any = None, **kwargs: Any) -> list[che
         default_policy()
     except ImproperlyConfigured as exc:
         return [checks.Error(str(exc), id="workflows.E002", obj="CLEAT_RETAIN_*")]
+    return []
+
+
+def check_encryption_settings(app_configs: Any = None, **kwargs: Any) -> list[checks.CheckMessage]:
+    """``CLEAT_ENCRYPTION_KEYS`` / ``CLEAT_ENCRYPTION_KEY_ID`` must describe usable keys: a
+    worker refuses to start rather than store payloads under a key nobody can read back."""
+    from django.core.exceptions import ImproperlyConfigured
+
+    from workflows import crypto
+
+    crypto.reset()
+    try:
+        crypto.keyring()
+    except ImproperlyConfigured as exc:
+        return [checks.Error(str(exc), id="workflows.E003", obj="CLEAT_ENCRYPTION_KEYS")]
     return []

@@ -1,0 +1,303 @@
+"""Encryption at rest (workflows/crypto.py) on the Django store, on every dialect the pass
+runs on (``CLEAT_TEST_DB``): a run that writes every kind of payload stores none of them as
+plaintext, yet runs, replays and reads back (API, admin, commands) as plaintext; a missing
+key fails the run with ``encryption_key_missing``; ``rotate_keys`` re-seals and counts."""
+
+from __future__ import annotations
+
+import base64
+import json
+import os
+import uuid
+from collections.abc import Iterator
+from io import StringIO
+from typing import Any
+
+import pytest
+from django.core.management import CommandError, call_command
+from django.db import connection
+from django.test import override_settings
+
+from engine.events import verify
+from schedules.models import Schedule
+from schedules.services import create_schedule
+from tests.fixtures.wat import INPUT, Wat
+from tests.integration.test_api_support import Api, key_for
+from workflows import crypto
+from workflows.models import (
+    Invocation,
+    Promise,
+    Signal,
+    TaskCall,
+    Tenant,
+    UpdateRequest,
+    WorkflowEvent,
+    WorkflowInstance,
+    WorkflowState,
+)
+from workflows.tenancy import tenant_context
+from workflows.testing import DatabaseWorkflowEnvironment
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+MARKER = "zebra-7f3a-secret"
+
+
+def new_key() -> str:
+    return base64.b64encode(os.urandom(32)).decode()
+
+
+K1, K2 = new_key(), new_key()
+
+
+def keys(current: str = "k1", **extra: str) -> override_settings:
+    ring = {"k1": K1, **extra}
+    return override_settings(
+        CLEAT_ENCRYPTION_KEYS=json.dumps(ring), CLEAT_ENCRYPTION_KEY_ID=current
+    )
+
+
+def vault() -> Wat:
+    """run: stores its input as state and query state, makes a promise (its id published as
+    query state), registers the update handler "on_note", waits for signal "go" and for the
+    promise, then reads its state back. on_note answers ``{"seen": <payload>}``."""
+    w = Wat()
+    w.run(
+        f"""
+    (drop (call $set_state {w.s("secret")} {w.input()}))
+    (drop (call $set_query_state {w.s("q")} {w.input()}))
+    (local.set $p (call $create_promise {w.s("approval")}))
+    (drop (call $set_query_state {w.s("promise")} {w.payload("p")}))
+    (call $recn (call $register_update_handler {w.s("on_note")}))
+    (call $rec (call $durable_await_signals {w.js(["go"])} (i64.const -1)))
+    (call $rec (call $await_promise {w.payload("p")} (i64.const -1)))
+    (call $rec (call $get_state {w.s("secret")}))
+    (call $finish)""",
+        locals="$p i64",
+    )
+    seen = w.concat('{"seen":', INPUT, "}")
+    w.func("on_note", f"(call $note {w.input()}) {seen}")
+    return w
+
+
+@pytest.fixture
+def env(tenant: Tenant) -> Iterator[DatabaseWorkflowEnvironment]:
+    environment = DatabaseWorkflowEnvironment(tenant)
+    yield environment
+    environment.close()
+
+
+def drive_every_payload(env: DatabaseWorkflowEnvironment) -> tuple[str, str]:
+    """A run that writes each kind of payload with the marker in it, to the end; and a
+    second run failed with the marker in its error. Returns both run ids."""
+    env.deploy("vault", vault().wasm())
+    run = env.start("vault", {"card": MARKER})
+    env.run_until_idle()
+    promise = env.describe(run)["query_state"]["promise"]
+    update = env.update(run, "on_note", {"note": MARKER})
+    env.run_until_idle()
+    assert env.update_result(update) == ("done", f'{{"seen":{{"note":"{MARKER}"}}}}')
+    env.signal(run, "go", {"code": MARKER})
+    env.run_until_idle()
+    env.resolve_promise(promise, {"approved": MARKER})
+    env.run_until_idle()
+    failed = env.start("vault", {"card": "other"})
+    env.force_fail(failed, f"declined: {MARKER}")
+    tenant = env.tenant
+    with tenant_context(tenant.id):
+        create_schedule(
+            tenant, name="nightly", workflow_name="vault", cron="@daily", input={"m": MARKER}
+        )
+        Invocation.objects.create(
+            id="inv-1",
+            tenant=tenant,
+            instance_id=run,
+            service="mail",
+            operation="send",
+            request=json.dumps({"to": MARKER}),
+            idempotency_key="k",
+            deliver_at=env.clock.now(),
+        )
+        TaskCall.objects.create(
+            id=uuid.uuid4(),
+            tenant=tenant,
+            instance_id=run,
+            step=99,
+            service="celery",
+            operation="t",
+            idempotency_key="k",
+            token="t",
+            payload=json.dumps({"out": MARKER}),
+        )
+    return run, failed
+
+
+PAYLOAD_COLUMNS: dict[type[Any], tuple[str, ...]] = {
+    WorkflowInstance: ("input", "result", "error", "query_state"),
+    WorkflowEvent: ("payload",),
+    Signal: ("payload",),
+    Promise: ("value",),
+    UpdateRequest: ("payload", "result"),
+    WorkflowState: ("value",),
+    Invocation: ("request",),
+    TaskCall: ("payload",),
+    Schedule: ("input",),
+}
+
+
+def raw_rows(tenant: Tenant, model: type[Any]) -> list[tuple[Any, ...]]:
+    """Every row of the model's table as the database holds it (no ORM conversion)."""
+    with tenant_context(tenant.id), connection.cursor() as cursor:
+        cursor.execute(f"SELECT * FROM {connection.ops.quote_name(model._meta.db_table)}")
+        return [tuple(row) for row in cursor.fetchall()]
+
+
+def raw_column(tenant: Tenant, model: type[Any], column: str) -> list[Any]:
+    quote = connection.ops.quote_name
+    with tenant_context(tenant.id), connection.cursor() as cursor:
+        cursor.execute(f"SELECT {quote(column)} FROM {quote(model._meta.db_table)}")
+        return [row[0] for row in cursor.fetchall()]
+
+
+def test_no_payload_is_stored_as_plaintext_and_every_surface_shows_it(
+    env: DatabaseWorkflowEnvironment, tenant: Tenant
+) -> None:
+    with keys():
+        run, failed = drive_every_payload(env)
+        assert env.status(run) == "done"
+        result = env.result(run)
+        assert MARKER in json.dumps(result)
+        for model, columns in PAYLOAD_COLUMNS.items():
+            rows = raw_rows(tenant, model)
+            assert rows, f"no {model.__name__} row was written"
+            for row in rows:
+                assert MARKER not in repr(row), f"{model.__name__} stores plaintext: {row}"
+            for column in columns:
+                stored = [v for v in raw_column(tenant, model, column) if v not in (None, "")]
+                assert stored, f"{model.__name__}.{column} is empty in every row"
+                text = [
+                    json.loads(v)
+                    if model is WorkflowInstance
+                    and column == "query_state"
+                    and isinstance(v, str)
+                    and v.startswith('"')
+                    else v
+                    for v in stored
+                ]
+                assert all(crypto.is_sealed(str(v)) for v in text), (model.__name__, column, text)
+
+        # Checksums are over the plaintext: the history verifies, and decodes.
+        history = env.stored_history(run)
+        assert history and all(verify(e) for e in history)
+        assert any(MARKER in e.payload for e in history)
+
+        # The API, the admin and the commands show plaintext.
+        api = Api(key_for(tenant))
+        shown = api.get(f"/api/v1/workflows/{run}").json()
+        assert MARKER in json.dumps(shown["input"]) and MARKER in json.dumps(shown["result"])
+        assert MARKER in json.dumps(shown["query_state"])
+        assert MARKER in api.get(f"/api/v1/workflows/{failed}").json()["error"]
+        events = api.get(f"/api/v1/workflows/{run}/events").json()
+        assert MARKER in json.dumps(events)
+        out = StringIO()
+        call_command("show_workflow", run, stdout=out)
+        assert MARKER in out.getvalue()
+        out = StringIO()
+        call_command("export_history", run, stdout=out)
+        exported = json.loads(out.getvalue())
+        assert MARKER in exported["input"] and MARKER in json.dumps(exported["history"])
+        with tenant_context(tenant.id):
+            assert MARKER in Schedule.objects.get(name="nightly").input
+
+
+def test_a_ciphertext_moved_to_another_row_or_altered_does_not_open(
+    env: DatabaseWorkflowEnvironment, tenant: Tenant
+) -> None:
+    with keys():
+        env.deploy("vault", vault().wasm())
+        first = env.start("vault", {"card": MARKER})
+        second = env.start("vault", {"card": "plain"})
+        quote = connection.ops.quote_name
+        table = quote(WorkflowInstance._meta.db_table)
+        with tenant_context(tenant.id), connection.cursor() as cursor:
+            cursor.execute(f"SELECT {quote('input')} FROM {table} WHERE id = %s", [_pk(first)])
+            (sealed,) = cursor.fetchone()
+            cursor.execute(
+                f"UPDATE {table} SET {quote('input')} = %s WHERE id = %s", [sealed, _pk(second)]
+            )
+        with tenant_context(tenant.id):
+            moved = WorkflowInstance.objects.get(id=second).input
+            assert isinstance(moved, crypto.Unopened) and "k1" in moved.error.message
+            assert json.loads(WorkflowInstance.objects.get(id=first).input) == {"card": MARKER}
+        altered = sealed[:-6] + ("A" if sealed[-6] != "A" else "B") + sealed[-5:]
+        with tenant_context(tenant.id), connection.cursor() as cursor:
+            cursor.execute(
+                f"UPDATE {table} SET {quote('input')} = %s WHERE id = %s", [altered, _pk(first)]
+            )
+        with tenant_context(tenant.id):
+            assert isinstance(WorkflowInstance.objects.get(id=first).input, crypto.Unopened)
+        shown = Api(key_for(tenant)).get(f"/api/v1/workflows/{second}").json()
+        assert "k1" in json.dumps(shown["input"]) and MARKER not in json.dumps(shown)
+
+
+def _pk(run_id: str) -> Any:
+    """A run id as the table's column takes it (MariaDB and SQLite store UUIDs as hex)."""
+    return WorkflowInstance._meta.pk.get_db_prep_value(uuid.UUID(run_id), connection)
+
+
+def test_a_run_replays_after_a_retry_with_encryption_on(
+    env: DatabaseWorkflowEnvironment, tenant: Tenant
+) -> None:
+    """Each segment replays the sealed history of the ones before it; a retry of the whole
+    run from the start (continue from history) replays it all again and ends the same."""
+    with keys():
+        run, _ = drive_every_payload(env)
+        first = env.result(run)
+        with tenant_context(tenant.id):
+            WorkflowInstance.objects.filter(id=run).update(
+                status="ready", next_wake_at=env.clock.now(), result=None
+            )
+        env.run_until_idle()
+        assert env.result(run) == first
+
+
+def test_a_missing_key_fails_the_run_with_its_id_and_the_worker_goes_on(
+    env: DatabaseWorkflowEnvironment, tenant: Tenant
+) -> None:
+    with keys():
+        env.deploy("vault", vault().wasm())
+        locked = env.start("vault", {"card": MARKER})
+        env.run_until_idle()
+    with override_settings(
+        CLEAT_ENCRYPTION_KEYS=json.dumps({"k2": K2}), CLEAT_ENCRYPTION_KEY_ID=""
+    ):
+        env.signal(locked, "go", {"code": "x"})
+        healthy = env.start("vault", {"card": "fine"})
+        env.run_until_idle()
+        info = env.describe(locked)
+        assert (info["status"], info["error_code"]) == ("failed", "encryption_key_missing")
+        assert "'k1'" in info["error"]
+        assert env.status(healthy) == "ready"  # its segment ran (waiting for its signal)
+        assert json.loads(env.describe(healthy)["query_state"]["q"]) == {"card": "fine"}
+
+
+@pytest.mark.parametrize(
+    ("keys_setting", "current", "reason"),
+    [
+        ('{"k1": "not base64!"}', "", "not valid base64"),
+        ('{"k1": "' + base64.b64encode(b"short").decode() + '"}', "", "5 bytes, not 32"),
+        ('{"k1": "' + K1 + '"}', "k9", "'k9' is not in CLEAT_ENCRYPTION_KEYS"),
+        ('{"k1": "' + K1 + '", "k2": "' + K2 + '"}', "", "must name the current key"),
+        ("[1]", "", "must be a JSON object"),
+    ],
+)
+def test_a_bad_key_configuration_stops_start_up_and_the_commands(
+    keys_setting: str, current: str, reason: str
+) -> None:
+    with override_settings(CLEAT_ENCRYPTION_KEYS=keys_setting, CLEAT_ENCRYPTION_KEY_ID=current):
+        from workflows.apps import check_encryption_settings
+
+        errors = check_encryption_settings()
+        assert [e.id for e in errors] == ["workflows.E003"] and reason in errors[0].msg
+        with pytest.raises(CommandError, match=reason):
+            call_command("rotate_keys", "--check", stdout=StringIO())
