@@ -9,6 +9,7 @@ import base64
 import json
 import os
 import uuid
+from collections import Counter
 from collections.abc import Iterator
 from io import StringIO
 from typing import Any
@@ -18,10 +19,12 @@ from django.core.management import CommandError, call_command
 from django.db import connection
 from django.test import override_settings
 
+from engine import faults
 from engine.events import verify
 from schedules.models import Schedule
 from schedules.services import create_schedule
 from tests.fixtures.wat import INPUT, Wat
+from tests.integration.support.processes import command_env, manage
 from tests.integration.test_api_support import Api, key_for
 from workflows import crypto
 from workflows.models import (
@@ -136,13 +139,24 @@ PAYLOAD_COLUMNS: dict[type[Any], tuple[str, ...]] = {
     WorkflowInstance: ("input", "result", "error", "query_state"),
     WorkflowEvent: ("payload",),
     Signal: ("payload",),
-    Promise: ("value",),
+    Promise: ("value", "error"),
     UpdateRequest: ("payload", "result"),
     WorkflowState: ("value",),
     Invocation: ("request",),
     TaskCall: ("payload",),
     Schedule: ("input",),
 }
+
+
+def test_the_scenario_covers_every_sealed_column() -> None:
+    """Every sealed column but the compaction checkpoint (nothing writes one yet) is one
+    the scenario below fills and checks."""
+    from workflows.rotation import sealed_columns
+
+    sealed = {(m, f.attname) for m, f in sealed_columns()}
+    listed = {(m, c) for m, columns in PAYLOAD_COLUMNS.items() for c in columns}
+    assert sealed - listed == {(WorkflowInstance, "compaction_state")}
+    assert listed <= sealed
 
 
 def raw_rows(tenant: Tenant, model: type[Any]) -> list[tuple[Any, ...]]:
@@ -301,3 +315,119 @@ def test_a_bad_key_configuration_stops_start_up_and_the_commands(
         assert [e.id for e in errors] == ["workflows.E003"] and reason in errors[0].msg
         with pytest.raises(CommandError, match=reason):
             call_command("rotate_keys", "--check", stdout=StringIO())
+
+
+def check_lines(**settings: str) -> list[str]:
+    out = StringIO()
+    with override_settings(**settings):
+        call_command("rotate_keys", "--check", stdout=out)
+    return out.getvalue().splitlines()
+
+
+def sealed_with(tenant: Tenant) -> Counter[str]:
+    """The key id (or "plain") of every payload value stored, counted."""
+    found: Counter[str] = Counter()
+    for model, columns in PAYLOAD_COLUMNS.items():
+        for column in columns:
+            for value in raw_column(tenant, model, column):
+                if value is None:
+                    continue
+                text = str(value)
+                text = json.loads(text) if text.startswith('"') else text
+                found[crypto.key_id_of(text) if crypto.is_sealed(text) else "plain"] += 1
+    return found
+
+
+def test_rotate_keys_reseals_old_keys_and_plaintext_and_check_counts_them(
+    env: DatabaseWorkflowEnvironment, tenant: Tenant
+) -> None:
+    both = {"CLEAT_ENCRYPTION_KEYS": json.dumps({"k1": K1, "k2": K2})}
+    with keys():
+        run, _ = drive_every_payload(env)
+    # Written with encryption off (as before it was turned on): plaintext rows.
+    before = env.start("vault", {"card": "written without a key"})
+    stored = sealed_with(tenant)
+    assert stored["k1"] > 10 and stored["plain"] > 0 and "k2" not in stored
+
+    lines = check_lines(CLEAT_ENCRYPTION_KEY_ID="k1", **both)
+    assert f"key k1 (current): {stored['k1']} rows" in lines
+    assert "key k2: 0 rows" in lines
+    assert f"(plaintext): {stored['plain']} rows" in lines
+    assert "  workflows.workflowevent.payload: " in "\n".join(lines)
+
+    out = StringIO()
+    with override_settings(CLEAT_ENCRYPTION_KEY_ID="k2", **both):
+        call_command("rotate_keys", "--batch-size", "3", stdout=out)
+    total = stored["k1"] + stored["plain"]
+    assert out.getvalue().splitlines()[-1].startswith(f"re-sealed {total} rows under key 'k2'")
+    assert (
+        "tenant default: workflows.workflowevent.payload: re-sealed 3 of 3 rows" in out.getvalue()
+    )
+    assert sealed_with(tenant) == Counter({"k2": total})
+
+    lines = check_lines(CLEAT_ENCRYPTION_KEY_ID="k2", **both)
+    assert "key k1: 0 rows" in lines and f"key k2 (current): {total} rows" in lines
+    # Nothing is left under k1: it can be retired, and everything still reads.
+    with override_settings(
+        CLEAT_ENCRYPTION_KEYS=json.dumps({"k2": K2}), CLEAT_ENCRYPTION_KEY_ID=""
+    ):
+        assert MARKER in json.dumps(env.result(run))
+        assert env.describe(before)["status"] == "ready"
+        assert env.history(run)
+        again = StringIO()
+        call_command("rotate_keys", stdout=again)
+        assert again.getvalue().strip() == "re-sealed 0 rows under key 'k2' in 0 batches"
+
+
+def test_rotate_keys_names_the_keys_it_cannot_open_and_exits_non_zero(
+    env: DatabaseWorkflowEnvironment, tenant: Tenant
+) -> None:
+    with keys():
+        env.deploy("vault", vault().wasm())
+        env.start("vault", {"card": MARKER})
+    with (
+        override_settings(CLEAT_ENCRYPTION_KEYS=json.dumps({"k2": K2}), CLEAT_ENCRYPTION_KEY_ID=""),
+        pytest.raises(CommandError, match="not configured were left as they are: 'k1'"),
+    ):
+        call_command("rotate_keys", stdout=StringIO())
+    with (
+        override_settings(CLEAT_ENCRYPTION_KEYS="", CLEAT_ENCRYPTION_KEY_ID=""),
+        pytest.raises(CommandError, match="no current key to rotate to"),
+    ):
+        call_command("rotate_keys", stdout=StringIO())
+
+
+def test_a_rotation_killed_inside_a_batch_resumes_to_completion(
+    env: DatabaseWorkflowEnvironment, tenant: Tenant
+) -> None:
+    """``rotate_batch``: the process dies inside its second batch (rows re-sealed, not
+    committed). The first batch stays committed, the second is rolled back whole; running
+    the command again re-seals the rest, and every payload still opens."""
+    with keys():
+        run, _ = drive_every_payload(env)
+        first = env.result(run)
+    stored = sealed_with(tenant)
+    both = json.dumps({"k1": K1, "k2": K2})
+    settings = command_env(CLEAT_ENCRYPTION_KEYS=both, CLEAT_ENCRYPTION_KEY_ID="k2")
+    crashed = manage(
+        ["rotate_keys", "--batch-size", "2"], {**settings, "CLEAT_TEST_CRASH_AT": "rotate_batch:2"}
+    )
+    assert crashed.returncode == faults.EXIT_CODE, crashed.stdout + crashed.stderr
+    assert "event=crash_point point=rotate_batch" in crashed.stderr
+    # One batch committed (its progress line printed), the second lost whole.
+    committed = [line for line in crashed.stdout.splitlines() if "re-sealed" in line]
+    assert len(committed) == 1, crashed.stdout
+    resealed = int(committed[0].split("re-sealed ")[1].split()[0])
+    halfway = sealed_with(tenant)
+    assert halfway["k2"] == resealed > 0 and halfway["k1"] == stored["k1"] - resealed
+
+    finished = manage(["rotate_keys", "--batch-size", "2"], settings)
+    assert finished.returncode == 0, finished.stdout + finished.stderr
+    assert sealed_with(tenant) == Counter({"k2": sum(stored.values())})
+    checked = manage(["rotate_keys", "--check"], settings)
+    assert "key k1: 0 rows" in checked.stdout.splitlines(), checked.stdout
+    with override_settings(
+        CLEAT_ENCRYPTION_KEYS=json.dumps({"k2": K2}), CLEAT_ENCRYPTION_KEY_ID=""
+    ):
+        assert env.result(run) == first
+        assert all(verify(e) for e in env.stored_history(run))
