@@ -117,3 +117,20 @@ def test_one_key_needs_no_current_id_and_several_take_the_named_one() -> None:
     several = crypto.parse_keyring({"k1": K1, "k2": K2}, "k2")
     assert several is not None and several.current == "k2" and set(several.keys) == {"k1", "k2"}
     assert crypto.parse_keyring("", "") is None
+
+
+def test_the_key_generation_command_in_the_docs_makes_a_valid_key() -> None:
+    """docs/operations.md, "Encryption at rest": the command that makes a key."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    docs = (Path(__file__).resolve().parents[2] / "docs" / "operations.md").read_text()
+    command = 'python -c "import base64, os; print(base64.b64encode(os.urandom(32)).decode())"'
+    assert command in docs
+    code = command.split('"')[1]
+    made = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, check=True
+    ).stdout.strip()
+    parsed = crypto.parse_keyring(json.dumps({"2026-12": made}), "2026-12")
+    assert parsed is not None and parsed.current == "2026-12"
