@@ -246,6 +246,8 @@ class _Sealed:
 
     def pre_save(self, model_instance: models.Model, add: bool) -> Any:
         value = super().pre_save(model_instance, add)  # type: ignore[misc]
+        if keyring() is None or value is None:
+            return value
         name = self.attname  # type: ignore[attr-defined]
         context = row_context(model_instance, name)
         if self.json_column:
@@ -275,8 +277,9 @@ def row_context(instance: models.Model, field: str) -> dict[str, Any]:
     return {"tenant": instance.tenant_id, "owner": owner, "kind": kind_of(model, field)}  # type: ignore[attr-defined]
 
 
-def sealed_fields(model: type[models.Model]) -> list[models.Field[Any, Any]]:
-    return [f for f in model._meta.concrete_fields if isinstance(f, _Sealed)]
+@cache
+def sealed_fields(model: type[models.Model]) -> tuple[models.Field[Any, Any], ...]:
+    return tuple(f for f in model._meta.concrete_fields if isinstance(f, _Sealed))
 
 
 class SealedModel(models.Model):
@@ -291,8 +294,6 @@ class SealedModel(models.Model):
     @classmethod
     def from_db(cls, db: Any, field_names: Any, values: Any) -> Any:
         instance = super().from_db(db, field_names, values)
-        if keyring() is None and not _any_sealed(instance, cls):
-            return instance
         for field in sealed_fields(cls):
             value = instance.__dict__.get(field.attname)
             if not is_sealed(value):
@@ -308,10 +309,6 @@ class SealedModel(models.Model):
                 kept.error = exc
                 instance.__dict__[field.attname] = kept
         return instance
-
-
-def _any_sealed(instance: models.Model, cls: type[models.Model]) -> bool:
-    return any(is_sealed(instance.__dict__.get(f.attname)) for f in sealed_fields(cls))
 
 
 def unopened(instance: models.Model) -> EncryptionKeyMissing | None:
