@@ -6,6 +6,7 @@ key fails the run with ``encryption_key_missing``; ``rotate_keys`` re-seals and 
 from __future__ import annotations
 
 import base64
+import html
 import json
 import os
 import uuid
@@ -15,9 +16,11 @@ from io import StringIO
 from typing import Any
 
 import pytest
+from django.contrib.auth import get_user_model
+from django.contrib.auth.models import Permission
 from django.core.management import CommandError, call_command
 from django.db import connection
-from django.test import override_settings
+from django.test import Client, override_settings
 
 from engine import faults
 from engine.events import verify
@@ -31,6 +34,7 @@ from workflows.models import (
     Invocation,
     Promise,
     Signal,
+    StaffTenant,
     TaskCall,
     Tenant,
     UpdateRequest,
@@ -221,7 +225,28 @@ def test_no_payload_is_stored_as_plaintext_and_every_surface_shows_it(
         exported = json.loads(out.getvalue())
         assert MARKER in exported["input"] and MARKER in json.dumps(exported["history"])
         with tenant_context(tenant.id):
-            assert MARKER in Schedule.objects.get(name="nightly").input
+            schedule = Schedule.objects.get(name="nightly")
+            assert MARKER in schedule.input
+        admin = admin_client(tenant)
+        for url in (
+            f"/admin/workflows/workflowinstance/{run}/change/",
+            f"/admin/workflows/workflowinstance/{failed}/change/",
+            f"/admin/schedules/schedule/{schedule.id}/change/",
+        ):
+            page = admin.get(url)
+            assert page.status_code == 200, url
+            assert MARKER in html.unescape(page.content.decode()), url
+
+
+def admin_client(tenant: Tenant) -> Client:
+    """A staff user of the tenant who may view runs and schedules in the admin."""
+    user = get_user_model().objects.create_user("vera", password="pw-12345678", is_staff=True)
+    codenames = ("view_workflowinstance", "view_schedule")
+    user.user_permissions.set(Permission.objects.filter(codename__in=codenames))
+    StaffTenant.objects.create(user=user, tenant=tenant)
+    client = Client()
+    client.force_login(user)
+    return client
 
 
 def test_a_ciphertext_moved_to_another_row_or_altered_does_not_open(
