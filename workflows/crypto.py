@@ -15,8 +15,12 @@ Why a text envelope and not a binary column or a key-id column: every payload co
 text (or JSON) on every dialect, so encrypted and plaintext rows live side by side in the
 same column -- rows written before encryption was turned on stay readable, and a rotation
 can run online over a table that holds both. The key id is in the envelope's prefix, so
-``rotate_keys --check`` counts the rows a key protects with one ``LIKE 'cleat:enc:v1:id:%'``
-per column, and no migration is needed.
+``rotate_keys --check`` counts the rows a key protects with one prefix ``LIKE`` per column and
+key, and no column changes (migration 0016 only adds the error code).
+
+Why the rule sits on the model and not in a custom field alone: a field's ``from_db_value``
+sees the value but not its row, so it could not check the binding to the row; the model's
+``from_db`` sees the whole row, and a field's ``pre_save`` sees the instance being written.
 
 Where the rule is applied (and nowhere else is the envelope built or parsed):
 
@@ -25,7 +29,10 @@ Where the rule is applied (and nowhere else is the envelope built or parsed):
   :class:`SealedModel.from_db` opens every row the ORM loads, so model instances always hold
   plaintext;
 * the few paths that bypass the model (``values_list`` reads, ``update()`` writes, the
-  PostgreSQL one-message SQL) call :func:`seal` / :func:`open_text` with the same context.
+  PostgreSQL one-message SQL) call :func:`seal_column` / :func:`open_column` with the same
+  context. A new ``update()`` or ``values_list`` of a sealed column must do the same:
+  ``tests/integration/test_encryption.py`` reads every sealed column raw and fails on one
+  written in plaintext.
 
 A row that cannot be opened (its key is not configured, or the ciphertext was altered or
 moved) raises :class:`EncryptionKeyMissing` on the explicit paths; a model instance keeps
