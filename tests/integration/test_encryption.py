@@ -456,3 +456,31 @@ def test_a_rotation_killed_inside_a_batch_resumes_to_completion(
     ):
         assert env.result(run) == first
         assert all(verify(e) for e in env.stored_history(run))
+
+
+def test_a_history_sealed_with_a_missing_key_fails_the_run_too(
+    env: DatabaseWorkflowEnvironment, tenant: Tenant
+) -> None:
+    """The run's own row opens (written in plaintext here) but its events do not: the load
+    of the history is what fails, with the same code and key id."""
+    with keys():
+        env.deploy("vault", vault().wasm())
+        run = env.start("vault", {"card": MARKER})
+        env.run_until_idle()
+    quote = connection.ops.quote_name
+    table = quote(WorkflowInstance._meta.db_table)
+    with tenant_context(tenant.id), connection.cursor() as cursor:
+        cursor.execute(
+            f"UPDATE {table} SET {quote('input')} = %s, {quote('query_state')} = %s WHERE id = %s",
+            ['{"card":"plain"}', "{}", _pk(run)],
+        )
+    with override_settings(
+        CLEAT_ENCRYPTION_KEYS=json.dumps({"k2": K2}), CLEAT_ENCRYPTION_KEY_ID=""
+    ):
+        with tenant_context(tenant.id):
+            assert crypto.unopened(WorkflowInstance.objects.get(id=run)) is None
+        env.signal(run, "go", {"code": "x"})
+        env.run_until_idle()
+        info = env.describe(run)
+        assert (info["status"], info["error_code"]) == ("failed", "encryption_key_missing")
+        assert "'k1'" in info["error"]
