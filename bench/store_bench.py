@@ -8,6 +8,7 @@ Run it from the repository root (PostgreSQL reachable as a superuser, ``pgbench`
     .venv/bin/python -m bench.store_bench --no-dbos --latency-runs 50
     .venv/bin/python -m bench.store_bench --only profile        # where one step's time goes
     .venv/bin/python -m bench.store_bench --only breakdown      # where a start -> done goes
+    .venv/bin/python -m bench.store_bench --only throughput --encryption compare
 
 What it does (``bench/README.md``, section "Store benchmark", has the details):
 
@@ -26,6 +27,11 @@ What it does (``bench/README.md``, section "Store benchmark", has the details):
    runs the latency workload against a worker whose loop is wrapped with timing hooks and
    prints each phase of a start -> done (the start's commit, the NOTIFY, the claim, the
    hand-off, the load, the segment, the finalize), the round trips and the GC pauses.
+
+``--encryption on`` runs the workers with encryption at rest (``CLEAT_ENCRYPTION_KEYS``, a
+fresh key); ``--encryption compare`` runs the throughput workload ``--compare-rounds`` times
+each way, interleaved (off, on, on, off, ...: a machine whose load drifts weighs on both),
+and prints the median steps/s of each and the cost of encryption.
 
 Every database it creates is dropped at the end (``--keep`` keeps them).
 """
@@ -186,6 +192,21 @@ class Cleat:
 
         self.tenant = get_tenant(str(DEFAULT_TENANT_ID))
         deploy_definition(self.tenant, "bench_steps", wasmtime.wat2wasm(STEPS_WAT))
+
+    def set_encryption(self, on: bool) -> None:
+        """Encryption at rest on or off, for the workers and for this process's starts."""
+        import base64
+
+        from django.conf import settings
+
+        from workflows import crypto
+
+        keys = json.dumps({"bench": base64.b64encode(os.urandom(32)).decode()}) if on else ""
+        self.env["CLEAT_ENCRYPTION_KEYS"] = keys
+        self.env["CLEAT_ENCRYPTION_KEY_ID"] = ""
+        settings.CLEAT_ENCRYPTION_KEYS = keys
+        settings.CLEAT_ENCRYPTION_KEY_ID = ""
+        crypto.reset()
 
     def reset(self) -> None:
         """Empty the run tables (as the owner) between rounds."""
@@ -934,6 +955,31 @@ def _databases(server: Server, names: Sequence[str], keep: bool) -> Iterator[Non
                     server.drop(name)
 
 
+def compare_encryption(
+    cleat: Cleat, workflows: int, steps: int, processes: int, concurrency: int, rounds: int
+) -> None:
+    """The throughput workload with and without encryption at rest, interleaved."""
+    by_mode: dict[bool, list[float]] = {False: [], True: []}
+    for i in range(rounds):
+        for on in (False, True) if i % 2 == 0 else (True, False):
+            cleat.set_encryption(on)
+            t = cleat_throughput(cleat, workflows, steps, processes, concurrency)
+            by_mode[on].append(t.steps_per_s)
+            print(
+                f"cleat  {processes} proc x {concurrency}, encryption {'on ' if on else 'off'}: "
+                f"{t.steps_per_s:.0f} steps/s {'ok' if t.ok else 'FAILED ' + t.note} "
+                f"[load {_load()}]",
+                flush=True,
+            )
+    off, on = statistics.median(by_mode[False]), statistics.median(by_mode[True])
+    print(
+        f"encryption at rest, {processes} proc: median {off:.0f} steps/s off, {on:.0f} on: "
+        f"cost {100 * (1 - on / off):.1f}% (goal <= 15%) [load {_load()}]",
+        flush=True,
+    )
+    cleat.set_encryption(False)
+
+
 def main(argv: Sequence[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=(__doc__ or "").split("\n\n")[0])
     parser.add_argument(
@@ -962,6 +1008,15 @@ def main(argv: Sequence[str] | None = None) -> None:
         choices=["throughput", "latency", "dbos", "pgbench", "profile", "breakdown"],
         action="append",
         help="run only these parts (repeatable); default all but profile and breakdown",
+    )
+    parser.add_argument(
+        "--encryption",
+        choices=["off", "on", "compare"],
+        default="off",
+        help="encryption at rest for the cleat workloads; compare: throughput both ways",
+    )
+    parser.add_argument(
+        "--compare-rounds", type=int, default=3, help="--encryption compare: rounds each way"
     )
     parser.add_argument("--profile-workflows", type=int, default=200)
     parser.add_argument(
@@ -1003,9 +1058,15 @@ def main(argv: Sequence[str] | None = None) -> None:
         cleat = Cleat(server, names["cleat"], args.conn_max_age, logdir)
         if needs_cleat:
             cleat.prepare()
+            cleat.set_encryption(args.encryption == "on")
         if "profile" in parts:
             profile(cleat, args.profile_workflows, args.steps, args.cprofile)
-        if "throughput" in parts:
+        if "throughput" in parts and args.encryption == "compare":
+            for n in processes:
+                compare_encryption(
+                    cleat, args.workflows, args.steps, n, args.concurrency, args.compare_rounds
+                )
+        elif "throughput" in parts:
             for n in processes:
                 t = cleat_throughput(cleat, args.workflows, args.steps, n, args.concurrency)
                 cleat_runs.append(t)

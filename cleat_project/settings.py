@@ -350,3 +350,9 @@ CLEAT_RETAIN_START_KEYS_DAYS = env.str("CLEAT_RETAIN_START_KEYS_DAYS", default="
 CLEAT_RETAIN_SERVICE_KEYS_DAYS = env.str("CLEAT_RETAIN_SERVICE_KEYS_DAYS", default="30")
 CLEAT_RETAIN_AUDIT_DAYS = env.str("CLEAT_RETAIN_AUDIT_DAYS", default="365")
 CLEAT_PURGE_INTERVAL_SECONDS = env.float("CLEAT_PURGE_INTERVAL_SECONDS", default=3600.0)
+# Encryption at rest (workflows/crypto.py, docs/operations.md "Data lifetime"): a JSON object
+# of key id -> base64 of 32 random bytes, and the id of the key new payloads are sealed with
+# (optional with one key). Empty: payloads are stored as plaintext. `manage.py rotate_keys`
+# re-seals old rows under the current key.
+CLEAT_ENCRYPTION_KEYS = env.str("CLEAT_ENCRYPTION_KEYS", default="")
+CLEAT_ENCRYPTION_KEY_ID = env.str("CLEAT_ENCRYPTION_KEY_ID", default="")

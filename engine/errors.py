@@ -33,6 +33,8 @@ class ErrorCode(enum.StrEnum):
     INVALID_MODULE = "invalid_module"  # the module cannot be loaded or lacks an export
     TERMINATED = "terminated"  # an operator terminated the run
     INTERNAL = "internal"  # the host failed (storage down, bug); the run is retried
+    # A stored payload's encryption key is not configured (or does not open it).
+    ENCRYPTION_KEY_MISSING = "encryption_key_missing"
 
 
 # Codes worth another attempt with the same code: the failure may not repeat.

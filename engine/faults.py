@@ -17,11 +17,9 @@ Django's handlers (a rolled-back transaction, a released run), which is the path
 of the suite already covers. A crash skips all of it; only the database's own recovery
 (an aborted transaction, a lease that expires) and the next worker's replay remain.
 
-The points (``POINTS``) are documented where they are placed. Two are reserved for code
-that has not landed yet: ``purge_batch`` (the retention purge, between two batches) and
-``key_rotation_batch`` (payload-key rotation, between two batches); each of those loops
-calls ``crash_point`` with its name once per batch when it lands, and the fault-injection
-suite gets a scenario for it.
+The points (``POINTS``) are documented where they are placed. ``purge_batch`` is reserved
+for the retention purge (between two batches); ``rotate_batch`` sits inside each batch of a
+payload-key rotation (workflows/rotation.py), its rows re-sealed and not yet committed.
 """
 
 from __future__ import annotations
@@ -40,9 +38,9 @@ POINTS: dict[str, str] = {
     "schedule_fire": "a schedule's run started for an instant, the firing not committed",
     "before_wake": "a child's end, a signal, an update, a promise or a task outcome committed; "
     "the waiting run not yet woken",
-    # Reserved: placed by the retention purge and the key rotation when they land.
+    # Reserved: placed by the retention purge when it lands.
     "purge_batch": "between two batches of the retention purge",
-    "key_rotation_batch": "between two batches of a payload-key rotation",
+    "rotate_batch": "inside a batch of a payload-key rotation, its rows re-sealed, not committed",
 }
 
 EXIT_CODE = 70  # what a crashed process exits with (tests tell it from other failures)

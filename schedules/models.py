@@ -13,6 +13,7 @@ from django.db import models
 from django.utils import timezone as dj_timezone
 
 from schedules.cron import CronSchedule, compile_cron
+from workflows.crypto import SealedModel, SealedTextField
 from workflows.models import TenantScoped, name_validator
 
 
@@ -30,11 +31,13 @@ class OverlapPolicy(models.TextChoices):
     TERMINATE_OTHER = "terminate_other", "terminate the previous run"
 
 
-class Schedule(TenantScoped):
+class Schedule(SealedModel, TenantScoped):
     """A cron schedule that starts ``workflow_name`` at each instant it names on the wall
     clock of ``timezone``. The scheduler (``schedules.scheduler``) owns ``next_run_at``,
     ``last_run_*`` and the buffer; operators change the rest through
     ``schedules.services``."""
+
+    SEAL_OWNER = ("id",)
 
     id = models.UUIDField(primary_key=True, default=uuid.uuid4, editable=False)
     name = models.CharField(
@@ -53,7 +56,7 @@ class Schedule(TenantScoped):
         help_text="Five fields (minute hour day-of-month month day-of-week) or @hourly, "
         "@daily, @weekly, @monthly, @yearly; evaluated on the wall clock of the time zone.",
     )
-    input = models.TextField(default="null", help_text="JSON passed to every run.")
+    input = SealedTextField(default="null", help_text="JSON passed to every run.")
     enabled = models.BooleanField(default=True)
     timezone = models.CharField(
         max_length=64, default="UTC", help_text="IANA zone name, e.g. Europe/London."

@@ -147,7 +147,7 @@ def last_run_failed(schedule: Schedule) -> WorkflowInstance | None:
         return None
     latest = (
         WorkflowInstance.objects.filter(tenant_id=schedule.tenant_id, workflow_id=workflow_id)
-        .only("id", "status", "error_code", "error")
+        .only("id", "tenant_id", "status", "error_code", "error")
         .order_by("-created_at")
         .first()
     )

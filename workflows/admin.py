@@ -44,6 +44,7 @@ from workflows.console.display import (
     wait_text,
 )
 from workflows.console.scoping import TenantScopedAdmin
+from workflows.crypto import shown_column
 from workflows.models import (
     AuditLog,
     RetentionPolicy,
@@ -206,12 +207,16 @@ class WorkflowInstanceAdmin(ReadOnlyAdmin):
         # (redacted) matches too, or searching for a password would find its run.
         words = [_search_word(w) for w in smart_split(term)]
         words = [w.lower() for w in words if w]
-        rows = found.order_by("-created_at").values_list("pk", "workflow_id", "input", "error")
+        rows = found.order_by("-created_at").values_list(
+            "pk", "tenant_id", "workflow_id", "input", "error"
+        )
         shown = [
             pk
-            for pk, workflow_id, input_text, error in rows[:SEARCH_SCAN_LIMIT]
+            for pk, tenant, workflow_id, input_text, error in rows[:SEARCH_SCAN_LIMIT]
             if all(
-                w in f"{workflow_id}\n{redacted_text(input_text)}\n{redacted_text(error)}".lower()
+                w
+                in f"{workflow_id}\n{redacted_text(_opened(tenant, pk, 'input', input_text))}\n"
+                f"{redacted_text(_opened(tenant, pk, 'error', error))}".lower()
                 for w in words
             )
         ]
@@ -565,3 +570,8 @@ class UserAdmin(SuperuserOnly, auth_admin.UserAdmin):  # type: ignore[type-arg]
 @admin.register(Group)
 class GroupAdmin(SuperuserOnly, auth_admin.GroupAdmin):
     pass
+
+
+def _opened(tenant: Any, run_id: Any, field: str, text: str | None) -> str | None:
+    """A run's payload column read past the model, opened (workflows/crypto.py)."""
+    return shown_column(WorkflowInstance, field, tenant, (run_id,), text)

@@ -21,6 +21,7 @@ class WorkflowsConfig(AppConfig):
         checks.register(check_retention_settings)
         checks.register(check_tracing_settings)
         checks.register(check_wake_sweep_setting)
+        checks.register(check_encryption_settings)
         celery_calls.register()
         # First, so a pass of the loop reaps before the apps' duties (and the claim) run.
         duties.register("reaper", reaper_duty)
@@ -84,4 +85,19 @@ def check_wake_sweep_setting(app_configs: Any = None, **kwargs: Any) -> list[che
         wake_sweep_seconds()
     except ImproperlyConfigured as exc:
         return [checks.Error(str(exc), id="workflows.E004", obj="CLEAT_WAKE_SWEEP_SECONDS")]
+    return []
+
+
+def check_encryption_settings(app_configs: Any = None, **kwargs: Any) -> list[checks.CheckMessage]:
+    """``CLEAT_ENCRYPTION_KEYS`` / ``CLEAT_ENCRYPTION_KEY_ID`` must describe usable keys: a
+    worker refuses to start rather than store payloads under a key nobody can read back."""
+    from django.core.exceptions import ImproperlyConfigured
+
+    from workflows import crypto
+
+    crypto.reset()
+    try:
+        crypto.keyring()
+    except ImproperlyConfigured as exc:
+        return [checks.Error(str(exc), id="workflows.E005", obj="CLEAT_ENCRYPTION_KEYS")]
     return []

@@ -30,6 +30,8 @@ from engine.storage import RunRef
 from engine.tracing import segment_span
 from workflows import faults
 from workflows.conf import cleat_settings
+from workflows.crypto import EncryptionKeyMissing, unopened
+from workflows.models import WorkflowInstance
 from workflows.store.lifecycle import (
     Claim,
     Finalized,
@@ -41,6 +43,7 @@ from workflows.store.lifecycle import (
     release,
 )
 from workflows.store.storage import DjangoStorage
+from workflows.tenancy import tenant_context
 
 log = logging.getLogger("cleat.worker")
 
@@ -130,9 +133,15 @@ def execute_claim(
 def _execute_claim(
     claim: Claim, worker_id: str, clock: Callable[[], datetime] | None, started: float
 ) -> SegmentReport:
-    loaded = _load(claim, worker_id)
+    try:
+        loaded = _load(claim, worker_id)
+    except EncryptionKeyMissing as exc:
+        return _fail_key_missing(claim, worker_id, exc, clock, started)
     if loaded is None:
         return SegmentReport(str(claim.id), "gone", "", 0, 0, 0.0)
+    missing = unopened(loaded.instance)
+    if missing is not None:
+        return _fail_key_missing(claim, worker_id, missing, clock, started)
     runtime = get_runtime()
     module = runtime.modules.peek(loaded.sha256)
     if module is None:
@@ -176,6 +185,12 @@ def _execute_claim(
                     # when it was the connection, the run is released instead (no attempt
                     # spent).
                     raise storage.lost
+                if storage.key_missing is not None and _host_failure(result):
+                    # A payload the segment read (a signal, a state value...) does not open:
+                    # the run fails with its own code, not as a retryable host failure.
+                    result = dataclasses.replace(
+                        result, outcome=_key_missing_outcome(storage.key_missing)
+                    )
                 if span is not None:
                     _describe_segment(span, result)
                 finalized = _finalize(loaded.ref, result, clock() if clock else None)
@@ -265,6 +280,7 @@ class _WatchedStorage:
     def __init__(self, storage: DjangoStorage) -> None:
         self._storage = storage
         self.lost: DatabaseError | None = None
+        self.key_missing: EncryptionKeyMissing | None = None
 
     def __getattr__(self, name: str) -> Any:
         found = getattr(self._storage, name)
@@ -276,6 +292,9 @@ class _WatchedStorage:
                 return found(*args, **kwargs)
             except DATABASE_LOST as exc:
                 self.lost = exc
+                raise
+            except EncryptionKeyMissing as exc:
+                self.key_missing = exc
                 raise
 
         return watched
@@ -333,6 +352,39 @@ def _fail_unloadable(
         log.info("event=fence_lost run=%s detail=%s", loaded.claim.id, lost)
         return SegmentReport(str(loaded.claim.id), "fence_lost", "", 0, 0, _ms(started), str(lost))
     return SegmentReport(str(loaded.claim.id), kind, finalized.status, 0, 0, _ms(started), detail)
+
+
+def _key_missing_outcome(exc: EncryptionKeyMissing) -> Failed:
+    return failed(ErrorCode.ENCRYPTION_KEY_MISSING, exc.message)
+
+
+def _fail_key_missing(
+    claim: Claim,
+    worker_id: str,
+    exc: EncryptionKeyMissing,
+    clock: Callable[[], datetime] | None,
+    started: float,
+) -> SegmentReport:
+    """Fail a run one of whose stored payloads does not open (its key is not configured,
+    or is not the key it was sealed with): ``encryption_key_missing``, naming the key id.
+    The run keeps what it stored (an operator who restores the key can retry it)."""
+    log.error("event=encryption_key_missing run=%s key=%s", claim.id, exc.key_id)
+    ref = RunRef(str(claim.tenant_id), "", str(claim.id), worker_id, claim.generation)
+    with tenant_context(claim.tenant_id):
+        # As stored: opened, or kept sealed (the finalize writes it back unchanged).
+        query_state = (
+            WorkflowInstance.objects.filter(id=claim.id).only("id", "tenant_id", "query_state")
+        ).first()
+    outcome = _key_missing_outcome(exc)
+    state = query_state.query_state if query_state is not None else {}
+    result = SegmentResult(outcome, (), (), state, 0, 0)
+    kind, detail = outcome_kind(outcome)
+    try:
+        finalized = _finalize(ref, result, clock() if clock else None)
+    except FenceLost as lost:
+        log.info("event=fence_lost run=%s detail=%s", claim.id, lost)
+        return SegmentReport(str(claim.id), "fence_lost", "", 0, 0, _ms(started), str(lost))
+    return SegmentReport(str(claim.id), kind, finalized.status, 0, 0, _ms(started), detail)
 
 
 # A deadlock victim's transaction is rolled back whole (InnoDB 1213, PostgreSQL 40P01), so the

@@ -28,6 +28,7 @@ from engine.status import TERMINAL_STATUSES as ENGINE_TERMINAL_STATUSES
 from engine.status import RunStatus as EngineRunStatus
 from engine.versions import ChildBinding as EngineChildBinding
 from engine.versions import DeployedVersion
+from workflows.crypto import SealedJSONField, SealedModel, SealedTextField, open_column
 from workflows.tenancy import of_tenant
 
 DEFAULT_TENANT_ID = uuid.UUID("00000000-0000-0000-0000-000000000000")
@@ -313,9 +314,11 @@ class RoutingRule(TenantScoped):
         ]
 
 
-class WorkflowInstance(TenantScoped):
+class WorkflowInstance(SealedModel, TenantScoped):
     """One run of a workflow. ``id`` is the run id; ``workflow_id`` stays the same across
     continue-as-new, so the chain of runs shares it."""
+
+    SEAL_OWNER = ("id",)
 
     id = models.UUIDField(primary_key=True, default=uuid.uuid4, editable=False)
     workflow_id = models.CharField(max_length=128, db_index=True)
@@ -324,9 +327,10 @@ class WorkflowInstance(TenantScoped):
     definition_version = models.PositiveIntegerField()
     entry_point = models.CharField(max_length=128, default="run")
     status = models.CharField(max_length=16, choices=RunStatus.choices, default=RunStatus.READY)
-    input = models.TextField(default="null")
-    result = models.TextField(null=True, blank=True)
-    error = models.TextField(null=True, blank=True)
+    # Payloads: sealed at rest when encryption is on (workflows/crypto.py).
+    input = SealedTextField(default="null")
+    result = SealedTextField(null=True, blank=True)
+    error = SealedTextField(null=True, blank=True)
     error_code = models.CharField(max_length=32, null=True, blank=True, choices=ERROR_CODE_CHOICES)
     # Claim and fencing: a claim sets running + assigned_to and bumps generation; every
     # write of the segment names (assigned_to, generation) and touches nothing otherwise.
@@ -351,8 +355,10 @@ class WorkflowInstance(TenantScoped):
     )
     start_idempotency_key = models.CharField(max_length=255, null=True, blank=True)
     allowed_signals = models.JSONField(null=True, blank=True, help_text="None: any signal.")
-    query_state = models.JSONField(default=dict, blank=True)
-    compaction_state = models.JSONField(null=True, blank=True)
+    query_state = SealedJSONField(default=dict, blank=True)
+    # The compaction checkpoint (not written yet): sealed like every payload, so compaction
+    # inherits encryption at rest by writing through the ORM.
+    compaction_state = SealedJSONField(null=True, blank=True)
     event_count = models.PositiveIntegerField(default=0)
     cancel_requested = models.BooleanField(default=False)
     cancel_reason = models.TextField(null=True, blank=True)
@@ -430,14 +436,17 @@ class WorkflowInstance(TenantScoped):
         return (self.waiting_on or {}).get("description", "")
 
 
-class WorkflowEvent(TenantScoped):
+class WorkflowEvent(SealedModel, TenantScoped):
     """One step of a run's history, as the engine's codec encodes it. Append-only, except
-    that a write-ahead intent (``checksum`` empty, ``intent_at`` set) gets its outcome."""
+    that a write-ahead intent (``checksum`` empty, ``intent_at`` set) gets its outcome.
+    The checksum is over the plaintext payload; the payload is sealed at rest."""
+
+    SEAL_OWNER = ("instance_id", "step")
 
     instance = models.ForeignKey(WorkflowInstance, on_delete=models.CASCADE, related_name="events")
     step = models.PositiveIntegerField()
     type_code = models.PositiveSmallIntegerField(choices=EVENT_TYPE_CHOICES)
-    payload = models.TextField()
+    payload = SealedTextField()
     timestamp_ms = models.BigIntegerField()
     checksum = models.CharField(max_length=64, blank=True)
     intent_at = models.DateTimeField(null=True, blank=True)
@@ -456,8 +465,14 @@ class WorkflowEvent(TenantScoped):
     def history(cls, tenant_id: uuid.UUID, instance_id: uuid.UUID | str) -> list[EncodedEvent]:
         """The run's stored events in step order, as the engine's codec reads them."""
         return [
-            EncodedEvent(*row)
-            for row in of_tenant(cls, tenant_id)
+            EncodedEvent(
+                step,
+                code,
+                ts,
+                open_column(cls, "payload", tenant_id, (instance_id, step), payload) or "",
+                checksum,
+            )
+            for step, code, ts, payload, checksum in of_tenant(cls, tenant_id)
             .filter(instance_id=instance_id)
             .order_by("step")
             .values_list("step", "type_code", "timestamp_ms", "payload", "checksum")
@@ -475,10 +490,12 @@ class WorkflowEvent(TenantScoped):
         return self.intent_at is not None and not self.checksum
 
 
-class Signal(TenantScoped):
+class Signal(SealedModel, TenantScoped):
+    SEAL_OWNER = ("instance_id",)
+
     instance = models.ForeignKey(WorkflowInstance, on_delete=models.CASCADE, related_name="signals")
     name = models.CharField(max_length=256)
-    payload = models.TextField(default="null")
+    payload = SealedTextField(default="null")
     correlation_id = models.CharField(max_length=160, blank=True)
     sender = models.CharField(max_length=128, blank=True)
     created_at = models.DateTimeField(default=timezone.now)
@@ -493,7 +510,9 @@ class Signal(TenantScoped):
         ordering = ["id"]
 
 
-class Promise(TenantScoped):
+class Promise(SealedModel, TenantScoped):
+    SEAL_OWNER = ("instance_id", "id")
+
     class State(models.TextChoices):
         PENDING = "pending", "pending"
         RESOLVED = "resolved", "resolved"
@@ -505,8 +524,8 @@ class Promise(TenantScoped):
     )
     name = models.CharField(max_length=256)
     status = models.CharField(max_length=16, choices=State.choices, default=State.PENDING)
-    value = models.TextField(blank=True, default="")
-    error = models.TextField(blank=True, default="")
+    value = SealedTextField(blank=True, default="")
+    error = SealedTextField(blank=True, default="")
     created_at = models.DateTimeField(default=timezone.now)
     settled_at = models.DateTimeField(null=True, blank=True)
 
@@ -515,7 +534,10 @@ class Promise(TenantScoped):
         indexes = [models.Index(fields=["settled_at"], name="promise_settled")]
 
 
-class UpdateRequest(TenantScoped):
+class UpdateRequest(SealedModel, TenantScoped):
+    # The run only: a run's end fails all its pending updates in one statement.
+    SEAL_OWNER = ("instance_id",)
+
     class State(models.TextChoices):
         PENDING = "pending", "pending"
         DONE = "done", "done"
@@ -524,9 +546,9 @@ class UpdateRequest(TenantScoped):
     id = models.UUIDField(primary_key=True, default=uuid.uuid4, editable=False)
     instance = models.ForeignKey(WorkflowInstance, on_delete=models.CASCADE, related_name="updates")
     name = models.CharField(max_length=128)
-    payload = models.TextField(default="null")
+    payload = SealedTextField(default="null")
     status = models.CharField(max_length=16, choices=State.choices, default=State.PENDING)
-    result = models.TextField(blank=True, default="")
+    result = SealedTextField(blank=True, default="")
     created_at = models.DateTimeField(default=timezone.now)
     completed_at = models.DateTimeField(null=True, blank=True)
 
@@ -551,13 +573,15 @@ class ConcurrencyKey(TenantScoped):
         indexes = [models.Index(fields=["tenant", "holder"], name="concurrency_key_holder")]
 
 
-class WorkflowState(TenantScoped):
+class WorkflowState(SealedModel, TenantScoped):
     """Durable key/value state: a workflow's own scope (``wf:<workflow_id>``) survives
     continue-as-new; object scopes (``obj:<type>:<key>``) are shared by workflows."""
 
+    SEAL_OWNER = ("scope", "key")
+
     scope = models.CharField(max_length=320)
     key = models.CharField(max_length=255)
-    value = models.TextField()
+    value = SealedTextField()
     updated_at = models.DateTimeField(auto_now=True)
 
     class Meta:
@@ -566,9 +590,12 @@ class WorkflowState(TenantScoped):
         ]
 
 
-class Invocation(TenantScoped):
+class Invocation(SealedModel, TenantScoped):
     """A call the host makes for a workflow later: ``durable_send`` (at once, at least
     once) and ``durable_schedule_invoke`` (after a delay, even if the workflow ended)."""
+
+    # Its own id: the run link is cleared when the run is purged, the call outlives it.
+    SEAL_OWNER = ("id",)
 
     class State(models.TextChoices):
         PENDING = "pending", "pending"
@@ -581,7 +608,7 @@ class Invocation(TenantScoped):
     )
     service = models.CharField(max_length=128)
     operation = models.CharField(max_length=128)
-    request = models.TextField()
+    request = SealedTextField()
     idempotency_key = models.CharField(max_length=64)
     deliver_at = models.DateTimeField()
     attempts = models.PositiveIntegerField(default=0)
@@ -593,7 +620,7 @@ class Invocation(TenantScoped):
         indexes = [models.Index(fields=["status", "deliver_at"], name="invocation_due")]
 
 
-class TaskCall(TenantScoped):
+class TaskCall(SealedModel, TenantScoped):
     """A durable call running as a task elsewhere (a Celery task): made with the call's
     write-ahead event, its outcome written here by the hook in the task's worker (or the
     callback endpoint), then into the run's history. States: ``engine.task_calls``."""
@@ -603,6 +630,8 @@ class TaskCall(TenantScoped):
         REPORTED = "reported", "reported"
         SETTLED = "settled", "settled"
         ABANDONED = "abandoned", "abandoned"
+
+    SEAL_OWNER = ("instance_id", "step")
 
     id = models.UUIDField(primary_key=True, help_text="The task's id in the task system.")
     instance = models.ForeignKey(
@@ -620,7 +649,7 @@ class TaskCall(TenantScoped):
     status = models.PositiveSmallIntegerField(
         null=True, blank=True, help_text="The ABI status the task's outcome maps to."
     )
-    payload = models.TextField(blank=True, default="")
+    payload = SealedTextField(blank=True, default="")
     created_at = models.DateTimeField(default=timezone.now)
     reported_at = models.DateTimeField(null=True, blank=True)
 

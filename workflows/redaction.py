@@ -1,7 +1,8 @@
 """The redactor every read surface uses: the REST API's serializers and the operator
 console alike (``engine.redaction`` holds the rules; ``CLEAT_REDACT_PATTERNS_FILE`` adds
 field names). A surface that showed a value the other hides would make redaction pointless,
-so both take it from here."""
+so both take it from here. Values arrive opened (workflows/crypto.py); one whose key is
+missing is shown as a placeholder naming the key (``crypto.shown``), never as ciphertext."""
 
 from __future__ import annotations
 
@@ -13,6 +14,7 @@ from django.conf import settings
 
 from engine.redaction import REDACTED, Redactor
 from engine.storable import readable
+from workflows.crypto import Unopened, shown
 
 __all__ = [
     "REDACTED",
@@ -40,6 +42,8 @@ def redacted_text(text: str | None) -> str:
     replaced; JSON text stays JSON."""
     if text is None:
         return ""
+    if isinstance(text, Unopened):
+        return str(shown(text))
     return str(readable(redactor().json_text(str(text))))
 
 
@@ -49,11 +53,15 @@ def redacted_value(value: Any) -> Any:
     Every read surface shows stored data through here, so this is also where a lone
     surrogate stored before the storable-text rule becomes U+FFFD (``engine.storable``):
     a page can always be encoded."""
+    if isinstance(value, Unopened):
+        return shown(value)
     return readable(redactor().value(value))
 
 
 def redacted_query_state(query_state: Any) -> dict[str, Any]:
     """A run's query state (key -> JSON text) parsed, with sensitive values replaced."""
+    if isinstance(query_state, Unopened):
+        return {"": shown(query_state)}
     if not isinstance(query_state, dict):
         return {}
     parsed: dict[str, Any] = {}
@@ -94,6 +102,8 @@ def redacted_payload(text: str | None) -> Any:
     payload that is not JSON comes back as its redacted text."""
     if not text:
         return {}
+    if isinstance(text, Unopened):
+        return shown(text)
     try:
         parsed = json.loads(text)
     except (ValueError, RecursionError):

@@ -22,6 +22,7 @@ from engine import lifecycle
 from engine.errors import ErrorCode
 from engine.events import CodecError, EncodedEvent, decode
 from engine.storable import parse_readable, readable
+from workflows.crypto import shown
 from workflows.models import (
     NAME_PATTERN,
     PRIORITY_MAX,
@@ -82,6 +83,7 @@ class JsonTextField(serializers.Field):
         super().__init__(**kwargs)
 
     def to_representation(self, value: Any) -> Any:
+        value = shown(value)  # a payload whose key is missing: its placeholder
         if value == "":
             return None
         try:
@@ -100,6 +102,7 @@ class RedactedJsonField(serializers.Field):
         super().__init__(**kwargs)
 
     def to_representation(self, value: Any) -> Any:
+        value = shown(value)  # a payload whose key is missing: its placeholder
         return redactor().value(readable(value))
 
 
@@ -125,6 +128,7 @@ class QueryStateField(serializers.Field):
         super().__init__(**kwargs)
 
     def to_representation(self, value: Any) -> Any:
+        value = shown(value)  # a payload whose key is missing: its placeholder
         if not isinstance(value, dict):
             return {}
         return redactor().value({k: parse_state(v) for k, v in value.items()})
@@ -139,6 +143,7 @@ class RedactedTextField(serializers.Field):
         super().__init__(**kwargs)
 
     def to_representation(self, value: Any) -> str:
+        value = shown(value)  # a payload whose key is missing: its placeholder
         return redactor().string(readable(str(value)))
 
 

@@ -46,6 +46,7 @@ from workflows.console.display import (
 from workflows.console.forms import DeployForm, RoutingForm, TagForm
 from workflows.console.replay import state_at_step
 from workflows.console.scoping import request_tenant
+from workflows.crypto import shown_column
 from workflows.middleware import SESSION_KEY
 from workflows.models import (
     ACTIVE_STATUSES,
@@ -542,7 +543,13 @@ def dead_letters(request: HttpRequest) -> HttpResponse:
         members = runs.filter(
             definition_name=row["definition_name"], error_code=row["error_code"]
         ).order_by("-completed_at")
-        sample = members.values_list("error", flat=True).first() or ""
+        first = members.values_list("tenant_id", "id", "error").first()
+        sample = (
+            shown_column(WorkflowInstance, "error", first[0], (first[1],), first[2])
+            if first
+            else ""
+        )
+        sample = sample or ""
         ids = [str(i) for i in members.values_list("id", flat=True)[:MAX_BULK]]
         filters = f"?status__exact=dead_lettered&definition={row['definition_name']}"
         if row["error_code"]:

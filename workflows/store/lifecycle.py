@@ -41,6 +41,7 @@ from engine.session import ContinuedAsNew, Failed, SegmentResult, Suspended
 from engine.status import AbiStatus
 from engine.storage import RunRef
 from engine.versions import move_refusal
+from workflows.crypto import open_column, seal_column, seal_json_column
 from workflows.models import (
     TERMINAL_STATUSES,
     ConcurrencyKey,
@@ -287,7 +288,13 @@ def _load_in_one_message(claim: Claim, worker_id: str) -> tuple[bool, LoadedRun 
         instance = _instance_from_row(row[: len(_INSTANCE_FIELDS)])
     sha256, max_history_length, min_version = row[len(_INSTANCE_FIELDS) :]
     history = [
-        EncodedEvent(step, code, ts, payload, checksum)
+        EncodedEvent(
+            step,
+            code,
+            ts,
+            open_column(WorkflowEvent, "payload", claim.tenant_id, (claim.id, step), payload) or "",
+            checksum,
+        )
         for step, code, ts, payload, checksum in events
     ]
     return True, LoadedRun(
@@ -389,7 +396,9 @@ def finalize_segment(ref: RunRef, result: SegmentResult, now: datetime | None = 
                 status=UpdateRequest.State.DONE
                 if applied.status == AbiStatus.OK
                 else UpdateRequest.State.FAILED,
-                result=applied.payload,
+                result=seal_column(
+                    UpdateRequest, "result", instance.tenant_id, (instance.id,), applied.payload
+                ),
                 completed_at=now,
             )
         instance.query_state = result.query_state
@@ -500,8 +509,12 @@ def _complete_in_one_message(
         str(tenant),
         done.status,
         now,
-        done.result,
-        json.dumps(result.query_state),
+        seal_column(WorkflowInstance, "result", tenant, (ref.run_id,), done.result),
+        json.dumps(
+            seal_json_column(
+                WorkflowInstance, "query_state", tenant, (ref.run_id,), result.query_state
+            )
+        ),
         now,
         timezone.now(),  # updated_at, as auto_now writes it
         len(stored),
@@ -511,10 +524,10 @@ def _complete_in_one_message(
         ref.generation,
         RunStatus.RUNNING,
         first,
-        *append_params(stored, now),
+        *append_params(ref, stored, now),
         done.release_locks_of,
         UpdateRequest.State.FAILED,
-        done.updates_failure,
+        seal_column(UpdateRequest, "result", tenant, (ref.run_id,), done.updates_failure),
         now,
         ref.run_id,
         UpdateRequest.State.PENDING,
@@ -697,7 +710,11 @@ def _close_children(parent: WorkflowInstance, now: datetime) -> None:
 def _fail_pending_updates(instance: WorkflowInstance, reason: str, now: datetime) -> None:
     UpdateRequest.objects.filter(
         instance_id=instance.id, status=UpdateRequest.State.PENDING
-    ).update(status=UpdateRequest.State.FAILED, result=reason, completed_at=now)
+    ).update(
+        status=UpdateRequest.State.FAILED,
+        result=seal_column(UpdateRequest, "result", instance.tenant_id, (instance.id,), reason),
+        completed_at=now,
+    )
 
 
 def close_instance(

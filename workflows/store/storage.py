@@ -58,6 +58,7 @@ from engine.versions import (
     choose_version,
     resolve_child_version,
 )
+from workflows.crypto import open_column, seal_column
 from workflows.models import (
     PRIORITY_MAX,
     PRIORITY_MIN,
@@ -169,14 +170,18 @@ def contiguous(events: Sequence[Event]) -> bool:
     return all(event.step == first + i for i, event in enumerate(events))
 
 
-def append_params(stored: Sequence[EncodedEvent], now: datetime) -> list[Any]:
+def append_params(ref: RunRef, stored: Sequence[EncodedEvent], now: datetime) -> list[Any]:
     """The parameters of the events' INSERT shared by ``fenced_append`` and ``finalize_done``
-    (``APPEND_FROM_FENCE_SQL`` in sql/postgresql.py): ``created_at`` and the event arrays."""
+    (``APPEND_FROM_FENCE_SQL`` in sql/postgresql.py): ``created_at`` and the event arrays,
+    the payloads sealed here (the SQL takes them as they are stored)."""
     return [
         now,
         [s.step for s in stored],
         [s.type_code for s in stored],
-        [s.payload for s in stored],
+        [
+            seal_column(WorkflowEvent, "payload", ref.tenant_id, (ref.run_id, s.step), s.payload)
+            for s in stored
+        ],
         [s.ts for s in stored],
         [s.checksum for s in stored],
         [now if not s.checksum else None for s in stored],
@@ -208,7 +213,7 @@ def fenced_append(
         ref.generation,
         RunStatus.RUNNING,
         first,
-        *append_params(stored, now),
+        *append_params(ref, stored, now),
     ]
     if not connection.in_atomic_block and connection.get_autocommit():
         with connection.cursor() as cursor:
@@ -262,7 +267,13 @@ class DjangoStorage:
                 instance_id=run.run_id, step=event.step, checksum=""
             ).update(
                 type_code=stored.type_code,
-                payload=stored.payload,
+                payload=seal_column(
+                    WorkflowEvent,
+                    "payload",
+                    self.tenant_id,
+                    (run.run_id, event.step),
+                    stored.payload,
+                ),
                 timestamp_ms=stored.ts,
                 checksum=stored.checksum,
             )
@@ -306,7 +317,10 @@ class DjangoStorage:
             case SetState():
                 updated = WorkflowState.objects.filter(
                     tenant_id=tenant, scope=m.scope, key=m.key
-                ).update(value=m.value, updated_at=now)
+                ).update(
+                    value=seal_column(WorkflowState, "value", tenant, (m.scope, m.key), m.value),
+                    updated_at=now,
+                )
                 if not updated:
                     _create_or_update_state(tenant, m.scope, m.key, m.value)
                 return None
@@ -529,7 +543,8 @@ class DjangoStorage:
             )
         if row is None:
             return None
-        return SignalMessage(str(row[0]), row[1], row[2], row[3])
+        payload = open_column(Signal, "payload", self.tenant_id, (run.run_id,), row[2]) or ""
+        return SignalMessage(str(row[0]), row[1], payload, row[3])
 
     def cancellation(self, run: RunRef) -> str | None:
         with tenant_context(self.tenant_id):
@@ -550,10 +565,17 @@ class DjangoStorage:
         with tenant_context(self.tenant_id):
             row = (
                 Promise.objects.filter(tenant_id=self.tenant_id, id=promise_id)
-                .values_list("status", "value", "error")
+                .values_list("status", "value", "error", "instance_id")
                 .first()
             )
-        return PromiseState(*row) if row else None
+        if not row:
+            return None
+        status, value, error, owner = row
+        opened = [
+            open_column(Promise, name, self.tenant_id, (owner, promise_id), text) or ""
+            for name, text in (("value", value), ("error", error))
+        ]
+        return PromiseState(status, *opened)
 
     def get_state(self, run: RunRef, scope: str, key: str) -> str | None:
         with tenant_context(self.tenant_id):
@@ -562,7 +584,7 @@ class DjangoStorage:
                 .values_list("value", flat=True)
                 .first()
             )
-        return value
+        return open_column(WorkflowState, "value", self.tenant_id, (scope, key), value)
 
     def list_state(self, run: RunRef, scope: str, prefix: str) -> list[str]:
         with tenant_context(self.tenant_id):
@@ -585,7 +607,16 @@ class DjangoStorage:
                 .order_by("created_at", "id")
                 .values_list("id", "name", "payload")
             )
-            return [UpdateRequest(str(i), n, p) for i, n, p in rows if str(i) not in exclude]
+            return [
+                UpdateRequest(
+                    str(i),
+                    n,
+                    open_column(UpdateRequestRow, "payload", self.tenant_id, (run.run_id,), p)
+                    or "",
+                )
+                for i, n, p in rows
+                if str(i) not in exclude
+            ]
 
     # --- task calls -----------------------------------------------------------------------
 
@@ -599,7 +630,8 @@ class DjangoStorage:
         if row is None:
             return None
         task_id, token, sent, deadline_ms, status, payload = row
-        return TaskCallRecord(str(task_id), token, sent, deadline_ms, status, payload)
+        payload = open_column(TaskCall, "payload", self.tenant_id, (run.run_id, step), payload)
+        return TaskCallRecord(str(task_id), token, sent, deadline_ms, status, payload or "")
 
     def task_sent(self, run: RunRef, step: int) -> None:
         with tenant_context(self.tenant_id):
@@ -615,7 +647,13 @@ class DjangoStorage:
                 instance_id=run.run_id, step=event.step, checksum=""
             ).update(
                 type_code=stored.type_code,
-                payload=stored.payload,
+                payload=seal_column(
+                    WorkflowEvent,
+                    "payload",
+                    self.tenant_id,
+                    (run.run_id, event.step),
+                    stored.payload,
+                ),
                 timestamp_ms=stored.ts,
                 checksum=stored.checksum,
             )
@@ -654,7 +692,9 @@ def _create_or_update_state(tenant: uuid.UUID, scope: str, key: str, value: str)
         with transaction.atomic():
             WorkflowState.objects.create(tenant_id=tenant, scope=scope, key=key, value=value)
     except IntegrityError:  # created concurrently by a workflow sharing the scope
-        WorkflowState.objects.filter(tenant_id=tenant, scope=scope, key=key).update(value=value)
+        WorkflowState.objects.filter(tenant_id=tenant, scope=scope, key=key).update(
+            value=seal_column(WorkflowState, "value", tenant, (scope, key), value)
+        )
 
 
 def find_signal_target(tenant: uuid.UUID, target_id: str) -> WorkflowInstance | None:

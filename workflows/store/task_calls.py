@@ -22,6 +22,7 @@ from django.utils import timezone
 
 from engine.faults import crash_point
 from engine.task_calls import Disposition, disposition
+from workflows.crypto import seal_column
 from workflows.models import TERMINAL_STATUSES, TaskCall, WorkflowInstance
 from workflows.store import wake
 from workflows.tenancy import tenant_context
@@ -54,14 +55,14 @@ def report_outcome(
         row = (
             TaskCall.objects.select_for_update()
             .filter(id=call_id, tenant_id=tenant_id)
-            .values_list("instance_id", "state", "token", "status")
+            .values_list("instance_id", "state", "token", "status", "step")
             .first()
         )
         if row is None:
             verdict = disposition(None, False, had_outcome=False, run_ended=False)
-            instance_id, state = None, None
+            instance_id, state, step = None, None, 0
         else:
-            instance_id, state, expected, reported = row
+            instance_id, state, expected, reported, step = row
             run_status = (
                 WorkflowInstance.objects.filter(id=instance_id)
                 .values_list("status", flat=True)
@@ -75,7 +76,10 @@ def report_outcome(
             )
         if verdict is Disposition.RECORDED:
             TaskCall.objects.filter(id=call_id).update(
-                state=TaskCall.State.REPORTED, status=int(status), payload=payload, reported_at=now
+                state=TaskCall.State.REPORTED,
+                status=int(status),
+                payload=seal_column(TaskCall, "payload", tenant_id, (instance_id, step), payload),
+                reported_at=now,
             )
     if verdict is Disposition.RECORDED:
         assert instance_id is not None

@@ -87,6 +87,7 @@ def database_environment(tenant: Any, services: dict[str, Any] | None) -> Any:
     """A :class:`DatabaseEnvironment` (imported late: Django must be set up first)."""
     import hashlib
 
+    from workflows.crypto import open_column
     from workflows.models import ConcurrencyKey, WorkflowDefinition, WorkflowInstance, WorkflowState
     from workflows.tenancy import tenant_context
     from workflows.testing import DatabaseWorkflowEnvironment
@@ -104,11 +105,12 @@ def database_environment(tenant: Any, services: dict[str, Any] | None) -> Any:
 
         def state(self, scope: str, key: str) -> str | None:
             with tenant_context(self.tenant.id):
-                return (
+                value = (
                     WorkflowState.objects.filter(tenant_id=self.tenant.id, scope=scope, key=key)
                     .values_list("value", flat=True)
                     .first()
                 )
+            return open_column(WorkflowState, "value", self.tenant.id, (scope, key), value)
 
         def children(self, run_id: str) -> dict[str, tuple[str, str | None]]:
             with tenant_context(self.tenant.id):

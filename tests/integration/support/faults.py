@@ -170,6 +170,7 @@ def unfinished(tenant: Any) -> int:
 
 
 def check(tenant: Any, ledger: Ledger, schedule_ids: Collection[str] = ()) -> CheckReport:
+    from workflows.crypto import open_column
     from workflows.models import RunStatus, WorkflowDefinition, WorkflowEvent, WorkflowInstance
     from workflows.tenancy import tenant_context
 
@@ -177,10 +178,12 @@ def check(tenant: Any, ledger: Ledger, schedule_ids: Collection[str] = ()) -> Ch
     with tenant_context(tenant.id):
         rows = list(WorkflowInstance.objects.all())
         history: dict[str, list[EncodedEvent]] = {str(r.id): [] for r in rows}
-        for run, *stored in WorkflowEvent.objects.order_by("instance_id", "step").values_list(
-            "instance_id", "step", "type_code", "timestamp_ms", "payload", "checksum"
-        ):
-            history[str(run)].append(EncodedEvent(*stored))
+        for run, step, code, ts, payload, checksum in WorkflowEvent.objects.order_by(
+            "instance_id", "step"
+        ).values_list("instance_id", "step", "type_code", "timestamp_ms", "payload", "checksum"):
+            # Opened as every reader opens it (encryption at rest, when it is on).
+            payload = open_column(WorkflowEvent, "payload", tenant.id, (run, step), payload)
+            history[str(run)].append(EncodedEvent(step, code, ts, payload or "", checksum))
         modules = {
             d["id"]: (d["sha256"], bytes(d["wasm"]))
             for d in WorkflowDefinition.objects.values("id", "sha256", "wasm")
