@@ -146,10 +146,16 @@ def keyring() -> Keyring | None:
     """The configured keyring (read once; :func:`reset` after changing the settings)."""
     from django.conf import settings
 
-    return parse_keyring(
-        getattr(settings, "CLEAT_ENCRYPTION_KEYS", None),
-        getattr(settings, "CLEAT_ENCRYPTION_KEY_ID", ""),
-    )
+    keys = getattr(settings, "CLEAT_ENCRYPTION_KEYS", None)
+    if isinstance(keys, str) and keys and not keys.lstrip().startswith("{"):
+        # A credential provider names the JSON (workflows.secrets): "vault:cleat/keys#keys".
+        from workflows import secrets
+
+        try:
+            keys = secrets.resolve(keys)
+        except secrets.SecretError as exc:
+            raise ImproperlyConfigured(f"CLEAT_ENCRYPTION_KEYS: {exc}") from None
+    return parse_keyring(keys, getattr(settings, "CLEAT_ENCRYPTION_KEY_ID", ""))
 
 
 def reset() -> None:

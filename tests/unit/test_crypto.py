@@ -6,6 +6,7 @@ from __future__ import annotations
 import base64
 import json
 import os
+from pathlib import Path
 
 import pytest
 from django.core.exceptions import ImproperlyConfigured
@@ -134,3 +135,24 @@ def test_the_key_generation_command_in_the_docs_makes_a_valid_key() -> None:
     ).stdout.strip()
     parsed = crypto.parse_keyring(json.dumps({"2026-12": made}), "2026-12")
     assert parsed is not None and parsed.current == "2026-12"
+
+
+def test_the_keys_can_come_from_a_credential_provider(tmp_path: Path) -> None:
+    """``CLEAT_ENCRYPTION_KEYS`` may name where the JSON is (workflows.secrets), e.g. a
+    mounted file; one that cannot be read is refused naming the provider."""
+    from workflows import secrets
+
+    mounted = tmp_path / "keys.json"
+    mounted.write_text(json.dumps({"k1": K1, "k2": K2}) + "\n")
+    secrets.invalidate()
+    with override_settings(CLEAT_ENCRYPTION_KEYS=f"file:{mounted}", CLEAT_ENCRYPTION_KEY_ID="k2"):
+        ring = crypto.keyring()
+        assert ring is not None and ring.current == "k2" and set(ring.keys) == {"k1", "k2"}
+    secrets.invalidate()
+    absent = override_settings(
+        CLEAT_ENCRYPTION_KEYS=f"file:{tmp_path}/absent", CLEAT_ENCRYPTION_KEY_ID=""
+    )
+    refused = pytest.raises(ImproperlyConfigured, match=r"CLEAT_ENCRYPTION_KEYS: file:.*absent")
+    with absent, refused:
+        crypto.keyring()
+    crypto.reset()
