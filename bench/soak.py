@@ -134,7 +134,7 @@ def _soak(cluster: object, rng: random.Random, seed: int, args: argparse.Namespa
             serial += 1
             name = f"w{serial}"
             through_proxy = not healthy and rng.random() < 0.6
-            # The re-check of waiting runs (300 s by default) is what recovers a wake-up lost
+            # The re-check of waiting runs (an hour by default) is what recovers a wake-up lost
             # to a worker dying between a child's commit and its wake of the parent.
             extra = {
                 "DATABASE_URL": proxied if through_proxy else direct,

@@ -70,7 +70,7 @@ def worker(
     extra = {"DATABASE_URL": url} if url else {}
     # A waiting run is looked at again after this long even if no wake-up came. A worker that
     # dies between a child's (or a signal's) commit and its wake of the waiting run -- a crash
-    # point in another thread, a kill -- leaves that run to this re-check (300 s by default):
+    # point in another thread, a kill -- leaves that run to this re-check (an hour by default):
     # short here, so the scenarios see the recovery they rely on.
     extra["CLEAT_WAIT_RECHECK_SECONDS"] = env.pop("CLEAT_WAIT_RECHECK_SECONDS", RECHECK_S)
     return WorkerProcess(
@@ -150,7 +150,7 @@ def test_workers_crashing_at_every_point_in_turn_lose_nothing_and_double_nothing
 
 # --- a wake-up lost with its process -------------------------------------------------------
 
-# Long, as in production (300 s by default): the runs must not owe their recovery to it.
+# Long, as in production (an hour by default): the runs must not owe their recovery to it.
 LONG_RECHECK_S = "600"
 # What "within seconds" means here, on a loaded machine (the sweep runs every 3 s).
 SWEEP_DEADLINE_S = 15.0

@@ -69,7 +69,7 @@ log = logging.getLogger("cleat.store")
 
 
 def wait_recheck() -> timedelta:
-    return timedelta(seconds=float(getattr(settings, "CLEAT_WAIT_RECHECK_SECONDS", 300)))
+    return timedelta(seconds=float(getattr(settings, "CLEAT_WAIT_RECHECK_SECONDS", 3600)))
 
 
 @dataclass(frozen=True)
