@@ -33,3 +33,12 @@ def run_status(instance: Any) -> str:
 @register.filter
 def size_text(value: Any) -> str:
     return display.size_text(value if isinstance(value, int) else None)
+
+
+@register.filter
+def cut_error_type(value: Any) -> str:
+    """The exception's name of a stored error ("RuntimeError: ..." -> "RuntimeError"): what
+    a tenant's staff may see of a fleet worker's error, whose text can quote another
+    tenant's values."""
+    head = str(value or "").split(":", 1)[0].strip()
+    return head if head.isidentifier() else "error"
