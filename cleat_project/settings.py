@@ -307,6 +307,8 @@ CLEAT_TRACING_SERVICE_NAME = env.str("CLEAT_TRACING_SERVICE_NAME", default="clea
 # A waiting run re-checks its wait at least this often: the last resort for a wake-up lost to
 # a crash, which the wake sweep finds within seconds. Each re-check is a segment, so 100,000
 # waiting runs at an hour cost ~28 segments/s (at 5 minutes: 333).
+# Threads one batch of durable calls (ctx.gather, durable_call_many) is made on.
+CLEAT_MAX_PARALLEL_CALLS = env.int("CLEAT_MAX_PARALLEL_CALLS", default=8)
 CLEAT_WAIT_RECHECK_SECONDS = env.float("CLEAT_WAIT_RECHECK_SECONDS", default=3600.0)
 # The wake sweep: every this many seconds each worker (or beat) wakes waiting runs whose
 # wake-up a crash lost between the satisfying commit and the wake (0: off; the re-check then).

@@ -58,12 +58,14 @@ class DatabaseArtifacts:
         return data
 
     def publish(self, name: str, data: bytes) -> None:
-        if CompiledArtifact.objects.filter(name=name, seq=0).exists():
-            return
         mac = _mac(name, data)
         pieces = [data[i : i + CHUNK_BYTES] for i in range(0, len(data), CHUNK_BYTES)] or [b""]
         try:
+            # One savepoint for the check and the writes: a failure here (the table missing,
+            # a lost connection) must not break the caller's transaction (a deploy's).
             with transaction.atomic():
+                if CompiledArtifact.objects.filter(name=name, seq=0).exists():
+                    return
                 for seq, piece in enumerate(pieces):
                     CompiledArtifact.objects.create(
                         name=name, seq=seq, chunks=len(pieces), size=len(data), mac=mac, data=piece

@@ -97,10 +97,10 @@ def deploy_definition(
         info = runtime.inspect(bytes(wasm))
     except InvalidModule as exc:
         raise InvalidInput(str(exc), "wasm") from None
-    runtime.modules.share(info.sha256)  # the compile serves every worker (workflows.artifacts)
     if version is not None and version < 1:
         raise InvalidInput("version must be a positive integer", "version")
     _check_packet_size(len(wasm))
+    runtime.modules.share(info.sha256)  # the compile serves every worker (workflows.artifacts)
     with tenant_context(tenant.id):
         existing = WorkflowDefinition.objects.filter(tenant_id=tenant.id, name=name)
         if version is None:

@@ -106,7 +106,9 @@ def resolve(spec: str, *, ttl: float | None = None) -> str:
     except SecretError as exc:
         if cached is None:
             raise
-        log.warning("%s; using the value read before", exc)
+        log.warning("%s; using the value read before for another %.0f s", exc, ttl)
+        with _lock:  # asked again after another time to live, not at every use
+            _cache[spec] = (cached[0], now)
         return cached[0]
     with _lock:
         _cache[spec] = (value, now)

@@ -646,6 +646,9 @@ def re_replay(
                 f"run {run_id} is {instance.status}; re-replay needs a settled run", "run_id"
             )
         _refuse_purging(instance)
+        refusal = retake_locks(instance, timezone.now())  # as a retry: the replay holds them
+        if refusal is not None:
+            raise Conflict(refusal, "run_id")
         _audit(tenant, instance, "re_replay", operator, reason)
         _reopen(instance)
     return instance

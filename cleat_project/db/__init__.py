@@ -14,12 +14,24 @@ log = logging.getLogger("cleat.secrets")
 def password_params(params: dict[str, Any], settings_dict: dict[str, Any]) -> dict[str, Any]:
     """``params`` with the password read from the provider the settings name (cached for
     ``CLEAT_SECRETS_TTL_SECONDS``)."""
-    from workflows import secrets
-
     spec = settings_dict.get("CLEAT_PASSWORD_SECRET") or ""
     if spec:
-        params["password"] = secrets.resolve(spec)
+        params["password"] = _password(spec)
     return params
+
+
+def _password(spec: str) -> str:
+    """The password ``spec`` names; a provider that cannot give it is a database error (the
+    worker and the web treat it as a database they cannot reach: a clear reason at start-up,
+    the run given back mid-segment), never a traceback."""
+    from django.db import OperationalError
+
+    from workflows import secrets
+
+    try:
+        return secrets.resolve(spec)
+    except secrets.SecretError as exc:
+        raise OperationalError(f"the database password cannot be read: {exc}") from None
 
 
 def refused_password(exc: BaseException) -> bool:
@@ -42,7 +54,7 @@ def connect_reading_again(
         if not spec or not refused_password(exc):
             raise
         secrets.invalidate(spec)
-        fresh = secrets.resolve(spec)
+        fresh = _password(spec)
         if fresh == params.get("password"):
             raise
         log.info("database password from %s changed: reconnecting with the new one", spec)

@@ -348,3 +348,23 @@ def test_the_worker_reconnects_with_a_rotated_database_password(tmp_path: Path) 
             connection.close()
             connection.settings_dict.clear()
             connection.settings_dict.update(saved)
+
+
+@pytest.mark.postgres_only
+def test_a_database_password_that_cannot_be_read_stops_the_worker_with_the_reason() -> None:
+    from tests.integration.support.processes import MANAGE, command_env
+
+    env = command_env(CLEAT_DATABASE_PASSWORD="env:CLEAT_NO_SUCH_PASSWORD_VAR")
+    env.pop("CLEAT_NO_SUCH_PASSWORD_VAR", None)
+    done = subprocess.run(
+        [sys.executable, str(MANAGE), "runworker", "--burst"],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    out = done.stdout + done.stderr
+    assert done.returncode == 1, out[-3000:]
+    assert "the database password cannot be read: env:CLEAT_NO_SUCH_PASSWORD_VAR" in out
+    assert "Traceback" not in out
