@@ -238,7 +238,7 @@ class Worker:
         _freeze_long_lived_objects()
         listen = queries(connection).get("listen_wake")
         if listen is not None and not opts.burst:
-            self._listener = _PgListener(connection.get_connection_params(), listen, self._wake.set)
+            self._listener = _PgListener(connection.get_connection_params, listen, self._wake.set)
             self._listener.start()
         pool = ThreadPoolExecutor(max_workers=opts.concurrency, thread_name_prefix="cleat-segment")
         last_beat = 0.0
@@ -476,11 +476,12 @@ class _PgListener(threading.Thread):
     CHECK_S = 0.5  # how often a quiet listener looks at its closing flag
     BACKOFF_S = (0.5, 30.0)  # first and longest wait before re-connecting
 
-    def __init__(self, params: dict[str, Any], listen: str, wake: Callable[[], None]) -> None:
+    def __init__(
+        self, params: Callable[[], dict[str, Any]], listen: str, wake: Callable[[], None]
+    ) -> None:
         super().__init__(name="cleat-listen", daemon=True)
-        params = dict(params)
-        params.pop("cursor_factory", None)
-        params.pop("context", None)
+        # Asked at every (re)connection: a password read from a credential provider may have
+        # been rotated since (cleat_project.db).
         self._params = params
         self._listen = listen
         self._on_notify = wake
@@ -494,7 +495,10 @@ class _PgListener(threading.Thread):
         delay, failures = self.BACKOFF_S[0], 0
         while not self._closing.is_set():
             try:
-                self._conn = psycopg.connect(**self._params, autocommit=True)
+                params = dict(self._params())
+                params.pop("cursor_factory", None)
+                params.pop("context", None)
+                self._conn = psycopg.connect(**params, autocommit=True)
                 self._conn.execute(self._listen)
                 self.connected.set()
                 if failures:
