@@ -14,15 +14,18 @@ class WorkflowsConfig(AppConfig):
     def ready(self) -> None:
         from django.conf import settings
 
-        from workflows import celery_calls, duties, faults, retention
+        from workflows import celery_calls, dispatch, duties, faults, retention
         from workflows.maintenance import reaper_duty
 
         checks.register(check_fetch_allow_list)
         checks.register(check_retention_settings)
+        checks.register(check_dispatch_mode)
         celery_calls.register()
         # First, so a pass of the loop reaps before the apps' duties (and the claim) run.
         duties.register("reaper", reaper_duty)
         duties.register("retention", retention.worker_duty)
+        # Broker dispatch: publish what became due without a wake-up, and lost messages.
+        duties.register("dispatch_sweep", dispatch.sweep_duty)
         # Test-only fault injection; both settings are empty in production (nothing happens).
         faults.install(
             getattr(settings, "CLEAT_TEST_CRASH_AT", ""),
@@ -58,4 +61,18 @@ def check_retention_settings(app_configs: Any = None, **kwargs: Any) -> list[che
         default_policy()
     except ImproperlyConfigured as exc:
         return [checks.Error(str(exc), id="workflows.E002", obj="CLEAT_RETAIN_*")]
+    return []
+
+
+def check_dispatch_mode(app_configs: Any = None, **kwargs: Any) -> list[checks.CheckMessage]:
+    """``CLEAT_DISPATCH`` must be ``poll`` or ``celery``: a worker refuses to start on a
+    mode it cannot read rather than guess how runs are dispatched."""
+    from django.core.exceptions import ImproperlyConfigured
+
+    from workflows.dispatch import mode
+
+    try:
+        mode()
+    except ImproperlyConfigured as exc:
+        return [checks.Error(str(exc), id="workflows.E003", obj="CLEAT_DISPATCH")]
     return []
