@@ -68,6 +68,10 @@ def _install_outcome_hook() -> None:
         mode()
     except ImproperlyConfigured as exc:  # a clear line and a non-zero exit, no traceback
         raise SystemExit(f"cleat: {exc}") from None
+    # A worker thread reuses its connection from task to task, as runworker's threads do.
+    from workflows.management.commands._common import use_worker_connection_age
+
+    use_worker_connection_age()
     install_outcome_hook(app)
 
 

@@ -16,7 +16,8 @@ The database stays the source of truth; a message is only a hint:
   publish that failed, a message dropped) are found by the sweep (:class:`Sweep`, a periodic
   duty of the worker loop or of the beat task): every ``CLEAT_DISPATCH_SWEEP_SECONDS`` it
   publishes each due ready run whose last message is older than its due time, or older
-  than ``CLEAT_DISPATCH_REDELIVER_SECONDS``.
+  than ``CLEAT_DISPATCH_REDELIVER_SECONDS`` while its queue holds no message (a backlog's
+  messages are waiting, not lost: see :func:`sweep`).
 
 Dropped approaches: publishing timers with a Celery ``eta`` (the broker or the worker holds
 the message until then: a long timer sits in a worker's memory, and on Redis it is
@@ -180,32 +181,67 @@ def _mark_and_publish(tenant: uuid.UUID | str, run_id: uuid.UUID | str) -> None:
 SWEEP_BATCH = 500
 
 
+def queue_depth(queue: str) -> int | None:
+    """How many messages wait in ``queue`` on the broker (those a worker has taken but not
+    yet acknowledged are not counted); None when the broker does not say."""
+    from workflows.celery_calls import celery_app
+
+    try:
+        with celery_app().connection_for_write() as conn:
+            _name, count, _consumers = conn.default_channel.queue_declare(queue=queue, passive=True)
+            return int(count)
+    except Exception:  # a queue not declared yet holds nothing; a broker away: unknown
+        log.debug("event=dispatch_queue_depth_unknown queue=%s", queue, exc_info=True)
+        return None
+
+
 def sweep(now: datetime, batch: int = SWEEP_BATCH) -> int:
-    """Publish every due ready run of an active tenant whose last message is older than its
-    due time or than the redelivery delay (see the module docstring), up to ``batch`` per
-    tenant; marks them dispatched at ``now`` first (a transaction per tenant, rows another
-    sweep holds skipped). Returns how many were published (none in poll mode)."""
+    """Publish, up to ``batch`` per tenant, every due ready run of an active tenant
+
+    * whose last message is older than its due time (or that has none): a timer, a retry,
+      a reaped lease, a run started or woken while its publish failed;
+    * whose last message is older than the redelivery delay, when the run's queue holds no
+      message: the message was lost (a queue with a backlog is left alone -- its messages
+      are most likely still waiting there, and publishing them again every delay multiplied
+      the backlog with duplicates).
+
+    Marks them dispatched at ``now`` first (a transaction per tenant; rows another sweep
+    holds are skipped). Returns how many were published (none in poll mode)."""
     from workflows.models import RunStatus, Tenant, WorkflowInstance
     from workflows.tenancy import tenant_context
 
     if not on_broker():
         return 0
-    stale = now - redeliver_after()
+    cutoff = now - redeliver_after()
     skip_locked = connection.features.has_select_for_update_skip_locked
+    depths: dict[str, int | None] = {}
     published = 0
     for tenant in Tenant.objects.filter(is_active=True).values_list("id", flat=True):
         with tenant_context(tenant):
+            due = WorkflowInstance.objects.filter(
+                tenant_id=tenant, status=RunStatus.READY, next_wake_at__lte=now
+            )
+            stale = due.filter(dispatched_at__gte=F("next_wake_at"), dispatched_at__lte=cutoff)
+            stale_queues = set(stale.values_list("task_queue", flat=True).distinct())
+        for task_queue in stale_queues - set(depths):
+            depths[task_queue] = queue_depth(celery_queue(task_queue))
+        drained = [q for q in stale_queues if not depths[q]]
+        with tenant_context(tenant):
+            fresh = due.filter(
+                Q(dispatched_at__isnull=True) | Q(dispatched_at__lt=F("next_wake_at"))
+            )
             rows = list(
-                WorkflowInstance.objects.select_for_update(skip_locked=skip_locked)
-                .filter(tenant_id=tenant, status=RunStatus.READY, next_wake_at__lte=now)
-                .filter(
-                    Q(dispatched_at__isnull=True)
-                    | Q(dispatched_at__lt=F("next_wake_at"))
-                    | Q(dispatched_at__lte=stale)
-                )
+                fresh.select_for_update(skip_locked=skip_locked)
                 .order_by("-priority", "next_wake_at")
                 .values_list("id", "task_queue", "priority")[:batch]
             )
+            if drained and len(rows) < batch:
+                rows += list(
+                    stale.filter(task_queue__in=drained)
+                    .select_for_update(skip_locked=skip_locked)
+                    .order_by("-priority", "next_wake_at")
+                    .values_list("id", "task_queue", "priority")[: batch - len(rows)]
+                )
             if rows:
                 WorkflowInstance.objects.filter(id__in=[r for r, _, _ in rows]).update(
                     dispatched_at=now

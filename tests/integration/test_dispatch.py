@@ -162,6 +162,20 @@ def test_a_lost_message_is_published_again_after_the_redelivery_delay(
     assert RECORDER.runs() == [str(run.id)]
 
 
+def test_a_queue_with_a_backlog_is_not_given_duplicates(tenant: Tenant, on_broker: None) -> None:
+    """A run still due after the redelivery delay is published again only once its queue
+    holds no message: with a backlog its message is most likely still waiting."""
+    definitions.deploy_definition(tenant, "napper", napper())
+    run, _ = services.start_workflow(tenant, "napper", "null")
+    RECORDER.clear()
+    later = timezone.now() + dispatch.redeliver_after() + timedelta(seconds=1)
+    RECORDER.depth = 40
+    assert dispatch.sweep(later) == 0
+    RECORDER.depth = 0
+    assert dispatch.sweep(later) == 1
+    assert RECORDER.runs() == [str(run.id)]
+
+
 def test_a_child_done_wakes_its_parent_through_the_broker(tenant: Tenant, on_broker: None) -> None:
     definitions.deploy_definition(tenant, "napper", napper())
     definitions.deploy_definition(tenant, "parent", parent_of_one())

@@ -28,6 +28,26 @@ class Recorder:
     broker_url: str = "amqp://recorder//"
     sent: list[Sent] = field(default_factory=list)
     fail: bool = False
+    depth: int = 0  # the messages every queue holds, as the broker would answer
+
+    def connection_for_write(self) -> Any:
+        recorder = self
+
+        class _Channel:
+            def queue_declare(self, queue: str, passive: bool = False) -> tuple[str, int, int]:
+                assert passive, "the sweep only asks"
+                return queue, recorder.depth, 0
+
+        class _Connection:
+            default_channel = _Channel()
+
+            def __enter__(self) -> Any:
+                return self
+
+            def __exit__(self, *exc: Any) -> None:
+                return None
+
+        return _Connection()
 
     @property
     def conf(self) -> Any:
@@ -44,6 +64,7 @@ class Recorder:
     def clear(self) -> None:
         self.sent.clear()
         self.fail = False
+        self.depth = 0
 
 
 RECORDER = Recorder()
