@@ -5,6 +5,7 @@ Run it from the repository root (PostgreSQL reachable as a superuser, a broker):
 
     .venv/bin/python -m bench.celery_bench                        # about 5 minutes
     .venv/bin/python -m bench.celery_bench --workflows 50 --processes 1,2 --broker redis://...
+    .venv/bin/python -m bench.celery_bench --only-dispatch --workflows 400   # part 3 only
 
 What it measures (one run each):
 
@@ -84,7 +85,9 @@ class Figure:
     ok: bool
 
 
-def celery_worker(cleat: Cleat, queue: str, concurrency: int, log: Path) -> subprocess.Popen[bytes]:
+def celery_worker(
+    cleat: Cleat, queue: str, concurrency: int, log: Path, name: str = "bench"
+) -> subprocess.Popen[bytes]:
     out = open(log, "ab")  # noqa: SIM115 -- closed with the process
     return subprocess.Popen(
         [
@@ -96,6 +99,8 @@ def celery_worker(cleat: Cleat, queue: str, concurrency: int, log: Path) -> subp
             "worker",
             "-Q",
             queue,
+            "-n",  # one node name each: a shared one collides on the remote-control queue
+            f"{name}-{uuid.uuid4().hex[:6]}@%h",
             "-P",
             "threads",
             "-c",
@@ -225,6 +230,7 @@ def dispatched(
             f"cleat.{task_queue},{maintenance}",
             concurrency,
             logdir / f"dispatch-p{processes}-{i}.log",
+            name=f"dispatch{i}",
         )
         for i in range(processes)
     ]
@@ -413,7 +419,9 @@ def main(argv: Sequence[str] | None = None) -> None:
         if not row:
             continue
         cells = " | ".join(
-            f"{f.steps_per_s:.1f} steps/s{'' if f.ok else ' (NOT all done)'}" for f in row
+            f"{f.steps_per_s:.1f} ({f.busy_steps_per_s:.1f}) steps/s"
+            f"{'' if f.ok else ' (NOT all done)'}"
+            for f in row
         )
         print(f"| {kind} | {cells} |")
     print()
