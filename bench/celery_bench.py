@@ -5,6 +5,7 @@ Run it from the repository root (PostgreSQL reachable as a superuser, a broker):
 
     .venv/bin/python -m bench.celery_bench                        # about 5 minutes
     .venv/bin/python -m bench.celery_bench --workflows 50 --processes 1,2 --broker redis://...
+    .venv/bin/python -m bench.celery_bench --only-dispatch --workflows 400   # part 3 only
 
 What it measures (one run each):
 
@@ -21,8 +22,13 @@ What it measures (one run each):
    call. A blocking call holds its thread the whole second; the goal for a Celery call is
    0 beyond its segments' own time (the run suspends while the task runs).
 
-Dispatch on the broker (``CLEAT_DISPATCH=celery``) is not built, so its comparison with the
-database-polling worker is not measured.
+3. **dispatch** (``--dispatch``, or ``--only-dispatch``): the same steps workload with the
+   in-process service, run by the database-polling worker (``runworker --processes N``)
+   and by dispatch on the broker (``CLEAT_DISPATCH=celery``: N Celery worker processes of
+   ``--concurrency`` threads each on ``cleat.<task queue>``, Celery beat sending the
+   maintenance task, whose sweep publishes the runs started before the workers), with 1, 2
+   and 4 processes. Time from the spawn to the last ``completed_at``, and from the first
+   claim.
 """
 
 from __future__ import annotations
@@ -79,7 +85,9 @@ class Figure:
     ok: bool
 
 
-def celery_worker(cleat: Cleat, queue: str, concurrency: int, log: Path) -> subprocess.Popen[bytes]:
+def celery_worker(
+    cleat: Cleat, queue: str, concurrency: int, log: Path, name: str = "bench"
+) -> subprocess.Popen[bytes]:
     out = open(log, "ab")  # noqa: SIM115 -- closed with the process
     return subprocess.Popen(
         [
@@ -91,6 +99,8 @@ def celery_worker(cleat: Cleat, queue: str, concurrency: int, log: Path) -> subp
             "worker",
             "-Q",
             queue,
+            "-n",  # one node name each: a shared one collides on the remote-control queue
+            f"{name}-{uuid.uuid4().hex[:6]}@%h",
             "-P",
             "threads",
             "-c",
@@ -164,6 +174,86 @@ def throughput(
     )
 
 
+def celery_beat(cleat: Cleat, log: Path) -> subprocess.Popen[bytes]:
+    out = open(log, "ab")  # noqa: SIM115 -- closed with the process
+    return subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "celery",
+            "-A",
+            "cleat_project",
+            "beat",
+            "-s",
+            str(log.with_suffix(".schedule")),
+            "--pidfile=",
+            "-l",
+            "WARNING",
+        ],
+        cwd=ROOT,
+        env=cleat.env,
+        stdout=out,
+        stderr=subprocess.STDOUT,
+        start_new_session=True,
+    )
+
+
+def dispatched(
+    cleat: Cleat, workflows: int, steps: int, processes: int, concurrency: int, logdir: Path
+) -> Figure:
+    """The steps workload run by ``processes`` Celery workers in broker dispatch (the runs
+    are published by beat's sweep: they were started before the workers)."""
+    from django.db import connections
+    from django.utils import timezone
+
+    from workflows.services import start_workflow
+
+    cleat.reset()
+    task_queue = f"bench{uuid.uuid4().hex[:8]}"
+    for _ in range(workflows):
+        start_workflow(cleat.tenant, "bench_steps", steps, task_queue=task_queue)
+    connections.close_all()
+    maintenance = f"cleat.{task_queue}.maintenance"
+    env = cleat.env
+    cleat.env = {
+        **env,
+        "CLEAT_DISPATCH": "celery",
+        "CLEAT_MAINTENANCE_ON_BEAT": "1",
+        "CLEAT_MAINTENANCE_QUEUE": maintenance,
+        "CLEAT_BEAT_INTERVAL_SECONDS": "0.2",
+        "CLEAT_DISPATCH_SWEEP_SECONDS": "0.2",
+    }
+    spawn = timezone.now()
+    procs = [
+        celery_worker(
+            cleat,
+            f"cleat.{task_queue},{maintenance}",
+            concurrency,
+            logdir / f"dispatch-p{processes}-{i}.log",
+            name=f"dispatch{i}",
+        )
+        for i in range(processes)
+    ]
+    procs.append(celery_beat(cleat, logdir / f"dispatch-p{processes}-beat.log"))
+    cleat.env = env
+    try:
+        ok = wait_done(cleat, workflows, 1800)
+    finally:
+        for proc in procs:
+            stop(proc)
+    info = cleat.summary()
+    last = info["last_done"] or timezone.now()
+    busy = (last - info["first_claim"]).total_seconds() if info["first_claim"] else 0.0
+    total = workflows * steps
+    return Figure(
+        "dispatch",
+        processes,
+        total / (last - spawn).total_seconds(),
+        total / busy if busy else 0,
+        ok,
+    )
+
+
 def threads_held(cleat: Cleat, runs: int, concurrency: int, label: str) -> tuple[int, float]:
     """Thread-seconds held per call (the time-weighted count of runs ``running``, a segment
     on a worker thread, divided by the number of calls), and the most held at once. A call
@@ -231,6 +321,12 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument(
         "--only-held", action="store_true", help="only the threads-held measure (part 2)"
     )
+    parser.add_argument(
+        "--dispatch", action="store_true", help="also dispatch on the broker against polling"
+    )
+    parser.add_argument(
+        "--only-dispatch", action="store_true", help="only the dispatch measure (part 3)"
+    )
     args = parser.parse_args(argv)
 
     server = Server(args.pg)
@@ -266,7 +362,8 @@ def main(argv: Sequence[str] | None = None) -> None:
         workers = celery_worker(cleat, queue, args.celery_concurrency, logdir / "celery.log")
         try:
             time.sleep(5)  # the Celery worker connects
-            for kind in () if args.only_held else ("in-process", "celery"):
+            only_other = args.only_held or args.only_dispatch
+            for kind in () if only_other else ("in-process", "celery"):
                 cleat.env = {**base, **celery_env, "CLEAT_SERVICES": json.dumps(services[kind])}
                 for n in processes:
                     figure = throughput(
@@ -277,7 +374,30 @@ def main(argv: Sequence[str] | None = None) -> None:
                         f"  {kind:10} {n} process(es): {figure.steps_per_s:8.1f} steps/s from "
                         f"the spawn, {figure.busy_steps_per_s:8.1f} from the first claim"
                     )
-            for kind in ("in-process", "celery"):
+            if args.dispatch or args.only_dispatch:
+                cleat.env = {
+                    **base,
+                    **celery_env,
+                    "CLEAT_SERVICES": json.dumps(services["in-process"]),
+                }
+                for n in processes:
+                    for kind in ("poll", "dispatch"):
+                        if kind == "poll":
+                            figure = throughput(
+                                cleat, "in-process", args.workflows, args.steps, n, args.concurrency
+                            )
+                            figure.kind = "poll"
+                        else:
+                            figure = dispatched(
+                                cleat, args.workflows, args.steps, n, args.concurrency, logdir
+                            )
+                        figures.append(figure)
+                        print(
+                            f"  {kind:10} {n} process(es): {figure.steps_per_s:8.1f} steps/s "
+                            f"from the spawn, {figure.busy_steps_per_s:8.1f} from the first "
+                            f"claim; load average {_load()}"
+                        )
+            for kind in () if args.only_dispatch else ("in-process", "celery"):
                 cleat.env = {
                     **base,
                     **celery_env,
@@ -294,10 +414,14 @@ def main(argv: Sequence[str] | None = None) -> None:
     print("steps/s from the workers' spawn (from the first claim):")
     print(f"| calls to | {' | '.join(f'{n} process(es)' for n in processes)} |")
     print(f"|---|{'---|' * len(processes)}")
-    for kind in ("in-process", "celery"):
+    for kind in ("in-process", "celery", "poll", "dispatch"):
         row = [f for f in figures if f.kind == kind]
+        if not row:
+            continue
         cells = " | ".join(
-            f"{f.steps_per_s:.1f} steps/s{'' if f.ok else ' (NOT all done)'}" for f in row
+            f"{f.steps_per_s:.1f} ({f.busy_steps_per_s:.1f}) steps/s"
+            f"{'' if f.ok else ' (NOT all done)'}"
+            for f in row
         )
         print(f"| {kind} | {cells} |")
     print()

@@ -9,12 +9,37 @@ this app records the outcome of the tasks cleat sent as durable calls (the outco
 from __future__ import annotations
 
 import os
+from typing import Any
 
 from celery import Celery
+from celery.app.amqp import Queues
 
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "cleat_project.settings")
 
+# Broker dispatch's queues (docs/celery.md). Must match workflows.dispatch: this module is
+# imported before Django is set up, so it cannot import it.
+DISPATCH_QUEUE_PREFIX = "cleat."
+DISPATCH_MAX_PRIORITY = 9
+
+
+class CleatQueues(Queues):  # type: ignore[misc]
+    """Celery's routing table, declaring the dispatch queues (``cleat.<task queue>``) with
+    broker priorities on RabbitMQ (``x-max-priority``); every other queue as Celery would.
+    A queue declared once keeps its arguments: priorities are set on the dispatch queues
+    only, so the deployment's existing queues are declared as they always were."""
+
+    def new_missing(self, name: str) -> Any:
+        queue = super().new_missing(name)
+        if name.startswith(DISPATCH_QUEUE_PREFIX):
+            queue.queue_arguments = {
+                **(queue.queue_arguments or {}),
+                "x-max-priority": DISPATCH_MAX_PRIORITY,
+            }
+        return queue
+
+
 app = Celery("cleat")
+app.amqp.queues_cls = CleatQueues
 app.config_from_object("django.conf:settings", namespace="CELERY")
 app.autodiscover_tasks()
 
@@ -34,8 +59,19 @@ def _install_outcome_hook() -> None:
     import django
 
     django.setup()
-    from workflows.celery_calls import install_outcome_hook
+    from django.core.exceptions import ImproperlyConfigured
 
+    from workflows.celery_calls import install_outcome_hook
+    from workflows.dispatch import mode
+
+    try:
+        mode()
+    except ImproperlyConfigured as exc:  # a clear line and a non-zero exit, no traceback
+        raise SystemExit(f"cleat: {exc}") from None
+    # A worker thread reuses its connection from task to task, as runworker's threads do.
+    from workflows.management.commands._common import use_worker_connection_age
+
+    use_worker_connection_age()
     install_outcome_hook(app)
 
 

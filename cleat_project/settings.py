@@ -292,6 +292,16 @@ CLEAT_TASK_CALLBACK_URL = env.str("CLEAT_TASK_CALLBACK_URL", default="")
 CLEAT_MAINTENANCE_ON_BEAT = env.bool("CLEAT_MAINTENANCE_ON_BEAT", default=False)
 CLEAT_BEAT_INTERVAL_SECONDS = env.float("CLEAT_BEAT_INTERVAL_SECONDS", default=1.0)
 CLEAT_LEASE_SECONDS = env.float("CLEAT_LEASE_SECONDS", default=60.0)
+# The queue the beat task cleat.maintenance is sent to (empty: Celery's default queue).
+CLEAT_MAINTENANCE_QUEUE = env.str("CLEAT_MAINTENANCE_QUEUE", default="")
+# Dispatch (docs/celery.md): "poll" (runworker processes claim from the database) or
+# "celery" (a wake-up publishes "run X is ready" to the Celery queue cleat.<task queue>;
+# Celery workers claim it). The sweep publishes runs that became due without a wake-up
+# (timers, retries, reaped leases) every CLEAT_DISPATCH_SWEEP_SECONDS, and again any run
+# still due CLEAT_DISPATCH_REDELIVER_SECONDS after its message (a lost message).
+CLEAT_DISPATCH = env.str("CLEAT_DISPATCH", default="poll")
+CLEAT_DISPATCH_SWEEP_SECONDS = env.float("CLEAT_DISPATCH_SWEEP_SECONDS", default=1.0)
+CLEAT_DISPATCH_REDELIVER_SECONDS = env.float("CLEAT_DISPATCH_REDELIVER_SECONDS", default=10.0)
 # Which tenants (ids) and workflow definitions may call a plugin it names:
 # {"llm": {"tenants": ["*"], "workflows": ["summarise"]}}; a plugin it does not name is open.
 CLEAT_PLUGIN_GUARD = env.json("CLEAT_PLUGIN_GUARD", default={})

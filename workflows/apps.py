@@ -14,7 +14,7 @@ class WorkflowsConfig(AppConfig):
     def ready(self) -> None:
         from django.conf import settings
 
-        from workflows import celery_calls, duties, faults, retention
+        from workflows import celery_calls, dispatch, duties, faults, retention
         from workflows.maintenance import reaper_duty, wake_sweep_duty
 
         checks.register(check_fetch_allow_list)
@@ -22,11 +22,14 @@ class WorkflowsConfig(AppConfig):
         checks.register(check_tracing_settings)
         checks.register(check_wake_sweep_setting)
         checks.register(check_encryption_settings)
+        checks.register(check_dispatch_mode)
         celery_calls.register()
         # First, so a pass of the loop reaps before the apps' duties (and the claim) run.
         duties.register("reaper", reaper_duty)
         duties.register("wake_sweep", wake_sweep_duty)
         duties.register("retention", retention.worker_duty)
+        # Broker dispatch: publish what became due without a wake-up, and lost messages.
+        duties.register("dispatch_sweep", dispatch.sweep_duty)
         # Test-only fault injection; both settings are empty in production (nothing happens).
         faults.install(
             getattr(settings, "CLEAT_TEST_CRASH_AT", ""),
@@ -100,4 +103,18 @@ def check_encryption_settings(app_configs: Any = None, **kwargs: Any) -> list[ch
         crypto.keyring()
     except ImproperlyConfigured as exc:
         return [checks.Error(str(exc), id="workflows.E005", obj="CLEAT_ENCRYPTION_KEYS")]
+    return []
+
+
+def check_dispatch_mode(app_configs: Any = None, **kwargs: Any) -> list[checks.CheckMessage]:
+    """``CLEAT_DISPATCH`` must be ``poll`` or ``celery``: a worker refuses to start on a
+    mode it cannot read rather than guess how runs are dispatched."""
+    from django.core.exceptions import ImproperlyConfigured
+
+    from workflows.dispatch import mode
+
+    try:
+        mode()
+    except ImproperlyConfigured as exc:
+        return [checks.Error(str(exc), id="workflows.E006", obj="CLEAT_DISPATCH")]
     return []

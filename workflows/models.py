@@ -339,6 +339,10 @@ class WorkflowInstance(SealedModel, TenantScoped):
     heartbeat_at = models.DateTimeField(null=True, blank=True)
     # Due when next_wake_at <= now; NULL while waiting for something to wake it.
     next_wake_at = models.DateTimeField(null=True, blank=True, default=timezone.now)
+    # Dispatch on the broker (CLEAT_DISPATCH=celery): when "run X is ready" was last
+    # published. The sweep publishes a due run whose message is older than its due time (a
+    # timer, a retry, a reaped lease) or older than the redelivery delay (a lost message).
+    dispatched_at = models.DateTimeField(null=True, blank=True)
     priority = models.IntegerField(
         default=0, validators=[MinValueValidator(PRIORITY_MIN), MaxValueValidator(PRIORITY_MAX)]
     )

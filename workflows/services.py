@@ -275,7 +275,7 @@ def start_workflow(
             if existing is None:
                 raise
             return existing, False
-        wake.notify_after_commit()
+        wake.ready_after_commit(tenant.id, instance.id)
     return instance, True
 
 
@@ -483,7 +483,7 @@ def resume_workflow(
             ]
         )
         _audit(tenant, instance, "resume", operator, reason)
-        wake.notify_after_commit()
+        wake.ready_after_commit(tenant.id, instance.id)
     return instance
 
 
@@ -581,7 +581,7 @@ def _reopen(instance: WorkflowInstance) -> None:
         waiting_on=None,
     )
     instance.refresh_from_db()
-    wake.notify_after_commit()
+    wake.ready_after_commit(instance.tenant_id, instance.id)
 
 
 def force_complete(

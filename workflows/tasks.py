@@ -8,6 +8,8 @@ workers; beat sends the task every ``CLEAT_BEAT_INTERVAL_SECONDS``. Each Celery 
 process keeps its duties between tasks (a duty remembers when it is next due); several
 processes running the task at once is safe (the reaper is idempotent, a schedule instant
 fires once: ``schedules.scheduler``).
+
+``cleat.run_segment``: broker dispatch (``CLEAT_DISPATCH=celery``, ``workflows/dispatch.py``).
 """
 
 from __future__ import annotations
@@ -15,13 +17,14 @@ from __future__ import annotations
 import logging
 import socket
 import threading
+import uuid
 from typing import Any
 
 from celery import shared_task
 from django.conf import settings
 from django.utils import timezone
 
-from workflows import duties
+from workflows import dispatch, duties
 
 log = logging.getLogger("cleat.worker")
 
@@ -77,10 +80,27 @@ def beat_schedule() -> dict[str, Any]:
     ``CLEAT_MAINTENANCE_ON_BEAT`` is on). A task older than five intervals is dropped: a
     backlog of ticks after an outage must not run the duties many times over."""
     interval = beat_interval_s()
+    options: dict[str, Any] = {"expires": interval * 5}
+    queue = str(getattr(settings, "CLEAT_MAINTENANCE_QUEUE", "") or "")
+    if queue:
+        options["queue"] = queue
     return {
         "cleat-maintenance": {
             "task": MAINTENANCE_TASK,
             "schedule": interval,
-            "options": {"expires": interval * 5},
+            "options": options,
         }
     }
+
+
+@shared_task(name=dispatch.RUN_SEGMENT_TASK, ignore_result=True, acks_late=True)
+def run_segment(tenant_id: str, run_id: str, task_queue: str = "default") -> str:
+    """Broker dispatch (``CLEAT_DISPATCH=celery``, ``workflows/dispatch.py``): claim the
+    run this message names, if it is ready, and execute its segment. The arguments are ids
+    and the task queue only. A malformed message is logged and dropped (never retried)."""
+    try:
+        tenant, run = uuid.UUID(str(tenant_id)), uuid.UUID(str(run_id))
+    except ValueError:
+        log.error("event=dispatch_bad_message tenant=%r run=%r", tenant_id, run_id)
+        return "bad_message"
+    return dispatch.run_ready(tenant, run, str(task_queue))

@@ -423,19 +423,8 @@ class Worker:
                 SEGMENTS.labels("error").inc()
                 log.exception("event=segment_crashed run=%s", claim.id)
                 continue
-            SEGMENTS.labels(report.outcome).inc()
-            STEPS.inc(report.steps)
+            record_segment(report)
             self._steps_total += report.steps
-            log.info(
-                "event=segment run=%s outcome=%s status=%s steps=%d replayed=%d ms=%.1f%s",
-                report.run_id,
-                report.outcome,
-                report.status,
-                report.steps,
-                report.replayed,
-                report.elapsed_ms,
-                f" detail={report.detail!r}" if report.detail else "",
-            )
         INFLIGHT.set(len(self._inflight))
 
     def _idle(self, now: Any) -> None:
@@ -465,6 +454,23 @@ class Worker:
                 timeout = min(timeout, (due - now).total_seconds())
         if timeout > 0:
             self._wake.wait(timeout)
+
+
+def record_segment(report: SegmentReport) -> None:
+    """A finished segment's metrics and log line (the worker loop's and the Celery
+    dispatch's: workflows/dispatch.py)."""
+    SEGMENTS.labels(report.outcome).inc()
+    STEPS.inc(report.steps)
+    log.info(
+        "event=segment run=%s outcome=%s status=%s steps=%d replayed=%d ms=%.1f%s",
+        report.run_id,
+        report.outcome,
+        report.status,
+        report.steps,
+        report.replayed,
+        report.elapsed_ms,
+        f" detail={report.detail!r}" if report.detail else "",
+    )
 
 
 class _PgListener(threading.Thread):

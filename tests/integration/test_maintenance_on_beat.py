@@ -17,6 +17,7 @@ from schedules.models import Schedule
 from schedules.scheduler import ScheduleTicker
 from tests.fixtures.wat import Wat
 from workflows import definitions, duties, services, tasks
+from workflows.dispatch import Sweep
 from workflows.maintenance import Reaper
 from workflows.models import RunStatus, Tenant, WorkflowInstance
 from workflows.tenancy import tenant_context
@@ -32,11 +33,18 @@ def _fresh_duties() -> Iterator[None]:
     tasks.reset_beat_duties()
 
 
+@override_settings(CLEAT_DISPATCH="celery")  # every registered duty applies then
 def test_the_beat_task_runs_the_workers_duties_with_the_same_code() -> None:
     started = dict(tasks.beat_duties())
     assert list(started) == list(duties.registered())
     assert isinstance(started["reaper"], Reaper)
     assert isinstance(started["schedules"], ScheduleTicker)
+    assert isinstance(started["dispatch_sweep"], Sweep) and started["dispatch_sweep"].on_beat
+
+
+def test_the_dispatch_sweep_is_no_duty_in_poll_dispatch() -> None:
+    assert "dispatch_sweep" not in dict(tasks.beat_duties())
+    assert "dispatch_sweep" not in dict(duties.start(duties.WorkerContext("w", None, 1.0)))
 
 
 @override_settings(CLEAT_SCHEDULER_IN_WORKER=False)

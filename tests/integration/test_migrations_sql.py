@@ -57,7 +57,7 @@ def replayed(statements: list[str]) -> tuple[dict[str, str], dict[str, str]]:
 def test_the_functions_a_fresh_migrate_installs_match_the_live_definitions() -> None:
     installed, after = replayed(live_definitions())
     assert (
-        "cleat.claim_instances(text,text[],integer,timestamp with time zone,uuid,integer)"
+        "cleat.claim_instances(text,text[],integer,timestamp with time zone,uuid,integer,uuid)"
         in installed
     )
     assert "cleat.due_schedules(timestamp with time zone,integer,uuid)" in installed
@@ -79,5 +79,5 @@ def test_a_live_definition_that_moved_on_is_caught() -> None:
     installed, after = replayed([moved_on])
     changed = [name for name in after if installed.get(name) != after[name]]
     assert changed == [
-        "cleat.claim_instances(text,text[],integer,timestamp with time zone,uuid,integer)"
+        "cleat.claim_instances(text,text[],integer,timestamp with time zone,uuid,integer,uuid)"
     ]

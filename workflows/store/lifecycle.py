@@ -108,11 +108,13 @@ def claim_ready_instances(
     limit: int,
     now: datetime,
     tenant: uuid.UUID | None = None,
+    run: uuid.UUID | None = None,
 ) -> list[Claim]:
     """Claim up to ``limit`` due ready runs of active tenants, taking turns between tenants
     (each one's most urgent run -- priority, then due time -- before anyone's second, the
     tenant served longest ago first) and within each tenant's running cap; bumps their
-    generation."""
+    generation. With ``run``: that run only, if it is claimable by the same rules (the
+    broker dispatch's claim, ``workflows.dispatch``); nothing otherwise."""
     if limit <= 0:
         return []
     sql = queries(connection)
@@ -120,12 +122,12 @@ def claim_ready_instances(
         with connection.cursor() as cursor:
             cursor.execute(
                 sql["claim_ready"],
-                [worker_id, list(task_queues), limit, now, tenant, default_max_running()],
+                [worker_id, list(task_queues), limit, now, tenant, default_max_running(), run],
             )
             return [
                 Claim(uuid.UUID(str(i)), uuid.UUID(str(t)), int(g)) for i, t, g in cursor.fetchall()
             ]
-    if "claim_ready_listed" in sql:  # SQL Server, untested here: no SQL Server in CI
+    if "claim_ready_listed" in sql and run is None:  # SQL Server, untested: no SQL Server in CI
         queues = ", ".join(["%s"] * len(task_queues))
         with transaction.atomic(), connection.cursor() as cursor:
             cursor.execute(
@@ -136,7 +138,7 @@ def claim_ready_instances(
                 Claim(uuid.UUID(str(i)), uuid.UUID(str(t)), int(g)) for i, t, g in cursor.fetchall()
             ]
     with transaction.atomic():
-        ids = _fair_turns(task_queues, limit, now, tenant)
+        ids = _fair_turns(task_queues, limit, now, tenant, run)
         if not ids:
             return []
         WorkflowInstance.objects.filter(id__in=ids).update(
@@ -178,7 +180,11 @@ def default_max_running() -> int:
 
 
 def _fair_turns(
-    task_queues: Sequence[str], limit: int, now: datetime, tenant: uuid.UUID | None
+    task_queues: Sequence[str],
+    limit: int,
+    now: datetime,
+    tenant: uuid.UUID | None,
+    run: uuid.UUID | None = None,
 ) -> list[uuid.UUID]:
     """The claim's choice on MariaDB and SQLite, as ``cleat.claim_instances`` makes it on
     PostgreSQL (migration 0005): per active tenant with due runs, its most urgent ones up to
@@ -189,6 +195,8 @@ def _fair_turns(
     )
     if tenant is not None:
         due = due.filter(tenant_id=tenant)
+    if run is not None:
+        due = due.filter(id=run)
     waiting = set(due.values_list("tenant_id", flat=True).distinct())
     if not waiting:
         return []
@@ -479,7 +487,7 @@ def apply_transition(
         and instance.next_wake_at
         and instance.next_wake_at <= now
     ):
-        wake.notify_after_commit()
+        wake.ready_after_commit(instance.tenant_id, instance.id)
     return successor
 
 
@@ -685,7 +693,7 @@ def _successor(
         instance_id=successor.id
     )
     crash_point("continue_as_new")  # the successor written, the finalize not committed
-    wake.notify_after_commit()
+    wake.ready_after_commit(instance.tenant_id, successor.id)
     return successor
 
 

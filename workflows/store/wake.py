@@ -43,6 +43,7 @@ from django.db.models import Q
 from django.utils import timezone
 
 from engine.faults import crash_point
+from workflows import dispatch
 from workflows.models import (
     TERMINAL_STATUSES,
     Promise,
@@ -75,19 +76,22 @@ def wake_now(tenant: uuid.UUID, instance_id: uuid.UUID | str) -> bool:
         found = (
             WorkflowInstance.objects.select_for_update()
             .filter(id=instance_id, tenant_id=tenant)
-            .values_list("status", "next_wake_at")
+            .values_list("status", "next_wake_at", "task_queue", "priority")
             .first()
         )
         if found is None:
             return False
-        status, wake_at = found
+        status, wake_at, task_queue, priority = found
         if status != RunStatus.READY or (wake_at is not None and wake_at <= now):
             return False
+        broker = dispatch.on_broker()
         woken = WorkflowInstance.objects.filter(id=instance_id, tenant_id=tenant).update(
-            next_wake_at=now
+            next_wake_at=now, **({"dispatched_at": now} if broker else {})
         )
     if woken:
         notify()
+        if broker:  # committed: published at once (or after an outer transaction commits)
+            dispatch.published_after_commit(tenant, instance_id, task_queue, priority)
     return bool(woken)
 
 
@@ -265,3 +269,10 @@ def notify() -> None:
 
 def notify_after_commit() -> None:
     transaction.on_commit(notify)
+
+
+def ready_after_commit(tenant: uuid.UUID | str, instance_id: uuid.UUID | str) -> None:
+    """A run made due now (started, resumed, retried): idle workers are told after the
+    commit, and in broker dispatch the run is published (``workflows.dispatch``)."""
+    notify_after_commit()
+    dispatch.ready_after_commit(tenant, instance_id)

@@ -117,6 +117,49 @@ class CeleryWorker:
         self.close()
 
 
+class CeleryBeat:
+    """``celery -A cleat_project beat`` in its own session, its schedule file and output in
+    ``directory``."""
+
+    def __init__(self, directory: Path, env: Mapping[str, str]) -> None:
+        self.log_path = directory / "beat.log"
+        self._log: IO[bytes] = open(self.log_path, "wb")  # noqa: SIM115 - closed in close()
+        self.proc = subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "celery",
+                "-A",
+                "cleat_project",
+                "beat",
+                "-s",
+                str(directory / "beat-schedule"),
+                "--pidfile=",
+                "-l",
+                "INFO",
+            ],
+            env=dict(env),
+            cwd=ROOT,
+            stdout=self._log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+
+    def close(self) -> None:
+        if self.proc.poll() is None:
+            with _suppress():
+                os.killpg(self.proc.pid, signal.SIGTERM)
+            try:
+                self.proc.wait(timeout=15)
+            except subprocess.TimeoutExpired:
+                os.killpg(self.proc.pid, signal.SIGKILL)
+                self.proc.wait(timeout=10)
+        self._log.close()
+
+    def log(self) -> str:
+        return self.log_path.read_text(errors="replace")
+
+
 class _suppress:
     def __enter__(self) -> None:
         return None

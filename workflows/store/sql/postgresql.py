@@ -142,7 +142,9 @@ _FINALIZE_DONE_SQL = _finalize_done_sql()
 
 # --- the dispatch loop (through the definer functions below) ---------------------------------
 
-CLAIM_READY = "SELECT id, tenant_id, generation FROM cleat.claim_instances(%s, %s, %s, %s, %s, %s)"
+CLAIM_READY = (
+    "SELECT id, tenant_id, generation FROM cleat.claim_instances(%s, %s, %s, %s, %s, %s, %s)"
+)
 HEARTBEAT_WORKER = "SELECT cleat.heartbeat_worker(%s, %s)"
 REAP_EXPIRED_LEASES = "SELECT cleat.reap_expired_leases(%s, %s)"
 NEXT_DUE_AT = "SELECT cleat.next_due_at(%s, %s)"
@@ -257,9 +259,10 @@ GRANT SELECT, UPDATE ON workflows_tenant TO {DISPATCHER_ROLE};
 def definer_functions_sql(role: str) -> str:
     """The cross-tenant statements of the dispatch loop, as definer functions."""
     return f"""
+DROP FUNCTION IF EXISTS cleat.claim_instances(text, text[], integer, timestamptz, uuid, integer);
 CREATE OR REPLACE FUNCTION cleat.claim_instances(
     p_worker text, p_queues text[], p_limit integer, p_now timestamptz, p_tenant uuid,
-    p_default_cap integer)
+    p_default_cap integer, p_run uuid)
 RETURNS TABLE(id uuid, tenant_id uuid, generation bigint)
 LANGUAGE plpgsql SECURITY DEFINER SET search_path = public, pg_temp AS $$
 #variable_conflict use_column
@@ -279,7 +282,8 @@ BEGIN
            -- only tenants with something due pay for counting their running runs
            AND EXISTS (SELECT 1 FROM workflows_workflowinstance AS w
                         WHERE w.tenant_id = t.id AND w.status = 'ready'
-                          AND w.next_wake_at <= p_now AND w.task_queue = ANY(p_queues))
+                          AND w.next_wake_at <= p_now AND w.task_queue = ANY(p_queues)
+                          AND (p_run IS NULL OR w.id = p_run))
     ),
     candidates AS (
         SELECT c.id, c.tenant_id, r.last_claimed_at, c.priority, c.next_wake_at, c.created_at
@@ -289,6 +293,7 @@ BEGIN
                   FROM workflows_workflowinstance AS d
                  WHERE d.tenant_id = r.tenant_id AND d.status = 'ready'
                    AND d.next_wake_at <= p_now AND d.task_queue = ANY(p_queues)
+                   AND (p_run IS NULL OR d.id = p_run)
                  ORDER BY d.priority DESC, d.next_wake_at, d.created_at
                  LIMIT GREATEST(r.room, 0)
                    FOR UPDATE SKIP LOCKED) AS c
@@ -362,7 +367,7 @@ $$;
 
 
 DEFINER_FUNCTIONS = (
-    "cleat.claim_instances(text, text[], integer, timestamptz, uuid, integer)",
+    "cleat.claim_instances(text, text[], integer, timestamptz, uuid, integer, uuid)",
     "cleat.reap_expired_leases(timestamptz, timestamptz)",
     "cleat.heartbeat_worker(text, timestamptz)",
     "cleat.next_due_at(text[], uuid)",
