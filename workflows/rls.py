@@ -30,7 +30,7 @@ from workflows.store.sql import queries
 # Tenant-scoped tables of this app. Each app declares its own (register_tables, in its
 # AppConfig.ready, and its migrations secure them): this module lists no other app's.
 # Not listed: the worker registry (workflows_workerprocess) is fleet-wide, with no tenant
-# column and nothing of a tenant's in it; the application role is granted it (0013_workers).
+# column and nothing of a tenant's in it; the application role is granted it (0014_workers).
 WORKFLOW_TABLES = (
     "workflows_apikey",
     "workflows_workflowdefinition",

@@ -28,7 +28,7 @@ ERROR_CODES = [
 
 class Migration(migrations.Migration):
     dependencies = [
-        ("workflows", "0012_wake_sweep"),
+        ("workflows", "0015_wake_sweep"),
     ]
 
     operations = [

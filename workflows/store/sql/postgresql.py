@@ -407,7 +407,7 @@ $$;
 # The web process's /metrics reads the due backlog of every tenant (workflows/store/
 # backlog.py holds the rule: ready and due at ``p_now``); its connection sees one tenant at
 # a time, so the fleet-wide aggregate is a definer function. It returns counts per task
-# queue and definition name, never a row. Installed by migration 0013_workers.
+# queue and definition name, never a row. Installed by migration 0014_workers.
 READY_BACKLOG_SIGNATURE = "cleat.ready_backlog(timestamptz)"
 
 
@@ -431,8 +431,8 @@ GRANT EXECUTE ON FUNCTION {READY_BACKLOG_SIGNATURE} TO {role};
 # waiting runs (ready, not due) that received something since p_since -- a child that ended,
 # an unconsumed signal, a pending update, a reported task outcome, a settled promise -- or
 # were asked to cancel. Each source is read by its index on when it arrived
-# (migration 0012_wake_sweep), so a pass costs what arrived since the last one; the caller
-# judges each run in its own tenant's context. Installed by 0012_wake_sweep.
+# (migration 0015_wake_sweep), so a pass costs what arrived since the last one; the caller
+# judges each run in its own tenant's context. Installed by 0015_wake_sweep.
 MISSED_WAKES_SIGNATURE = "cleat.missed_wakes(timestamptz, timestamptz)"
 MISSED_WAKES_FUNCTION = """
 CREATE OR REPLACE FUNCTION cleat.missed_wakes(p_since timestamptz, p_now timestamptz)

@@ -72,7 +72,7 @@ def drop(apps, schema_editor):
 
 class Migration(migrations.Migration):
     dependencies = [
-        ("workflows", "0013_workers"),
+        ("workflows", "0014_workers"),
     ]
 
     operations = [

@@ -4,7 +4,7 @@ from django.db import migrations, models
 
 
 class Migration(migrations.Migration):
-    dependencies = [("workflows", "0017_compiled_artifacts")]
+    dependencies = [("workflows", "0012_compiled_artifacts")]
 
     operations = [
         migrations.AddField(

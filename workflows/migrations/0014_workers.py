@@ -45,7 +45,7 @@ def uninstall(apps, schema_editor):
 
 class Migration(migrations.Migration):
     dependencies = [
-        ("workflows", "0014_trace_parent"),
+        ("workflows", "0013_trace_parent"),
     ]
 
     operations = [
