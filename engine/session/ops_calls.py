@@ -5,6 +5,7 @@ plugin calls.
 
 from __future__ import annotations
 
+import contextvars
 import functools
 import json
 import logging
@@ -43,7 +44,7 @@ from engine.session.replay import (
 )
 from engine.status import AbiStatus
 from engine.storage import DispatchTask, EnqueueInvocation, TaskCallRecord
-from engine.tracing import DURABLE_CALL, FETCH
+from engine.tracing import DURABLE_CALL, FETCH, traced_call
 
 log = logging.getLogger("cleat.engine")
 
@@ -197,13 +198,19 @@ class CallOps(ReplayCore):
         contexts = [self._context(s, o, first + i) for i, (s, o, _) in enumerate(calls)]
         caller = self.services.caller
         after = self.services.after_batch_call
+        tracer = self.services.tracer
 
         def make(index: int) -> CallResult:
             service, operation, request = calls[index]
+            call = functools.partial(
+                service_result,
+                functools.partial(caller.call, service, operation, request, contexts[index]),
+            )
             try:
-                return service_result(
-                    functools.partial(caller.call, service, operation, request, contexts[index])
-                )
+                if tracer is None:
+                    return call()
+                # Each call in a span of its own under the segment's, as a single call is.
+                return traced_call(tracer, DURABLE_CALL, service, operation, first + index, call)
             finally:
                 if after is not None:
                     after()
@@ -212,7 +219,12 @@ class CallOps(ReplayCore):
         started = time.monotonic()
         workers = min(len(calls), self.config.max_parallel_calls)
         with ThreadPoolExecutor(max_workers=workers, thread_name_prefix="cleat-call") as pool:
-            futures = [pool.submit(make, index) for index in range(len(calls))]
+            # Each thread runs in a copy of this one's context: the current span (its
+            # traceparent for HTTP services) and whatever else the caller set.
+            futures = [
+                pool.submit(contextvars.copy_context().run, make, index)
+                for index in range(len(calls))
+            ]
             try:
                 for index, future in enumerate(futures):
                     result = future.result()

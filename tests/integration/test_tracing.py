@@ -397,3 +397,37 @@ def test_the_client_and_an_ambient_span_carry_the_trace(
     ]
     assert parent_id(start) == f"{app_span.get_span_context().span_id:016x}"
     assert parent is not None and parent.startswith(f"00-{app_trace}-{hexid(start)}-")
+
+
+def test_a_batch_of_calls_makes_a_span_per_call_and_sends_each_its_traceparent(
+    tenant: Tenant, api: Api, recorder: Recorder, exporter: InMemorySpanExporter
+) -> None:
+    """``durable_call_many`` (``ctx.gather``): each call is a ``cleat.durable_call`` span
+    under the segment, made on its own thread, and the HTTP service gets that span."""
+    w = Wat()
+    w.run(f"(call $rec (call $durable_call_many {w.input()})) (call $finish)")
+    env = make_env(tenant, recorder)
+    try:
+        assert api.deploy("batch", w.wasm()).status_code == 201
+        requests = [{"service": "ledger", "operation": f"op{i}", "request": "{}"} for i in range(3)]
+        started = api.post(
+            "/api/v1/workflows",
+            {"definition": "batch", "input": requests},
+            HTTP_TRACEPARENT=CALLER,
+        )
+        assert started.status_code == 201, started.content
+        env.run_until_idle()
+    finally:
+        env.close()
+    spans = exporter.get_finished_spans()
+    [segment] = [s for s in spans if s.name == "cleat.segment"]
+    calls = sorted(
+        (s for s in spans if s.name == "cleat.durable_call"),
+        key=lambda s: str(s.attributes.get("cleat.operation")),
+    )
+    assert [s.attributes["cleat.operation"] for s in calls] == ["op0", "op1", "op2"]
+    assert all(parent_id(s) == hexid(segment) for s in calls)
+    assert all(s.context.trace_id == int(CALLER_TRACE, 16) for s in calls)
+    for i, span in enumerate(calls):
+        [sent] = recorder.traceparents(f"/op{i}")
+        assert sent == f"00-{CALLER_TRACE}-{hexid(span)}-01"
