@@ -37,6 +37,30 @@ class WorkflowsConfig(AppConfig):
         )
 
 
+CONFIGURATION_CHECKS: tuple[str, ...] = (
+    "check_fetch_allow_list",
+    "check_retention_settings",
+    "check_tracing_settings",
+    "check_wake_sweep_setting",
+    "check_encryption_settings",
+    "check_dispatch_mode",
+)
+
+
+def refuse_bad_configuration() -> None:
+    """Run cleat's configuration checks and refuse to start on an error: a web server
+    (gunicorn, uvicorn) runs no system checks, and would otherwise answer every request that
+    needs the setting with a 500. Called by the WSGI and ASGI entry points."""
+    from django.core.exceptions import ImproperlyConfigured
+
+    found: list[checks.CheckMessage] = []
+    for name in CONFIGURATION_CHECKS:
+        found += globals()[name]()
+    errors = [m for m in found if m.level >= checks.ERROR]
+    if errors:
+        raise ImproperlyConfigured("; ".join(f"{m.obj}: {m.msg} ({m.id})" for m in errors))
+
+
 def check_fetch_allow_list(app_configs: Any = None, **kwargs: Any) -> list[checks.CheckMessage]:
     """Every ``CLEAT_FETCH_ALLOW`` entry must parse (an http(s) URL prefix without
     credentials): a worker refuses to start on one it cannot interpret, rather than deny or

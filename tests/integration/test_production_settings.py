@@ -153,3 +153,32 @@ def test_the_https_redirect_leaves_the_probes_alone(tenant: Any) -> None:
         assert redirected["Location"] == "https://testserver/api/v1/workflows"
         secure = client.get("/api/v1/workflows", secure=True)
         assert secure.status_code == 401  # served (no key), not redirected
+
+
+@pytest.mark.parametrize("entry", ["cleat_project.wsgi", "cleat_project.asgi"])
+def test_a_web_server_refuses_to_start_on_a_setting_cleat_cannot_honour(
+    entry: str, tmp_path: Path
+) -> None:
+    """gunicorn and uvicorn run no system checks: the entry points run cleat's, so a bad
+    setting stops the server with its reason instead of a 500 at every request."""
+    root = Path(__file__).resolve().parents[2]
+    env = {
+        **{k: v for k, v in os.environ.items() if not k.startswith("CLEAT_TEST_")},
+        "DEBUG": "1",
+        "DATABASE_URL": f"sqlite:///{tmp_path / 'x.sqlite3'}",
+        "CLEAT_TRACING": "sideways",
+    }
+    code = f"import {entry}"
+    bad = subprocess.run(
+        [sys.executable, "-c", code], cwd=root, env=env, capture_output=True, text=True
+    )
+    assert bad.returncode != 0
+    assert "ImproperlyConfigured: CLEAT_TRACING:" in bad.stderr and "sideways" in bad.stderr
+    good = subprocess.run(
+        [sys.executable, "-c", code],
+        cwd=root,
+        env={**env, "CLEAT_TRACING": "off"},
+        capture_output=True,
+        text=True,
+    )
+    assert good.returncode == 0, good.stderr[-2000:]
