@@ -317,6 +317,9 @@ CLEAT_TRACING_SERVICE_NAME = env.str("CLEAT_TRACING_SERVICE_NAME", default="clea
 # A waiting run re-checks its wait at least this often: the last resort for a wake-up lost to
 # a crash, which the wake sweep finds within seconds. Each re-check is a segment, so 100,000
 # waiting runs at an hour cost ~28 segments/s (at 5 minutes: 333).
+# The web /metrics' backlog gauges per task queue and definition (their names are the
+# tenants' own, and /metrics needs no key): off, one series for the fleet.
+CLEAT_METRICS_BACKLOG_LABELS = env.bool("CLEAT_METRICS_BACKLOG_LABELS", default=False)
 # Threads one batch of durable calls (ctx.gather, durable_call_many) is made on.
 CLEAT_MAX_PARALLEL_CALLS = env.int("CLEAT_MAX_PARALLEL_CALLS", default=8)
 CLEAT_WAIT_RECHECK_SECONDS = env.float("CLEAT_WAIT_RECHECK_SECONDS", default=3600.0)

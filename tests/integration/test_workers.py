@@ -330,8 +330,9 @@ def gauges(text: str) -> dict[str, float]:
 
 
 def test_the_gauges_count_every_tenants_due_runs_per_queue_and_definition(
-    tenant: Tenant, other_tenant: Tenant
+    tenant: Tenant, other_tenant: Tenant, settings: Any
 ) -> None:
+    settings.CLEAT_METRICS_BACKLOG_LABELS = True
     seed_workers(fleet_now())
     make_runs(
         tenant,
@@ -376,6 +377,8 @@ def test_the_gauges_count_every_tenants_due_runs_per_queue_and_definition(
 def test_no_worker_and_nothing_due_is_zeroes_not_an_error(tenant: Tenant) -> None:
     found = gauges(Client().get("/metrics").content.decode())
     assert found == {
+        'cleat_ready_runs{definition="",task_queue=""}': 0.0,
+        'cleat_oldest_ready_seconds{definition="",task_queue=""}': 0.0,
         'cleat_workers{state="live"}': 0.0,
         'cleat_workers{state="stale"}': 0.0,
         "cleat_workers_runs_held": 0.0,
@@ -409,3 +412,17 @@ def test_the_application_role_uses_the_registry_without_a_tenant(tenant: Tenant)
     assert [(b.task_queue, b.definition, b.depth) for b in fleet_backlog(now)] == [
         ("default", "shop", 1)
     ]
+
+
+def test_by_default_the_backlog_gauges_name_no_tenants_queue_or_definition(
+    tenant: Tenant, other_tenant: Tenant
+) -> None:
+    """/metrics needs no key, and queue and definition names are the tenants' own text: by
+    default the backlog is one series for the fleet."""
+    make_runs(tenant, [("shop", "default", "ready", 120), ("shop", "mail", "ready", 5)])
+    make_runs(other_tenant, [("secret-def", "secret-queue", "ready", 30)])
+    text = Client().get("/metrics").content.decode()
+    assert "secret" not in text and "shop" not in text
+    found = gauges(text)
+    assert found['cleat_ready_runs{definition="",task_queue=""}'] == 3.0, text
+    assert 120 <= found['cleat_oldest_ready_seconds{definition="",task_queue=""}'] < 180

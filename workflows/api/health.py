@@ -17,6 +17,7 @@ import logging
 import time
 from typing import Any
 
+from django.conf import settings
 from django.db import DatabaseError, connection
 from django.db.migrations.executor import MigrationExecutor
 from drf_spectacular.types import OpenApiTypes
@@ -135,9 +136,17 @@ class FleetCollector(Collector):
         ready, oldest, workers, held, steps, up = self._families()
         try:
             now = fleet_now()
-            for item in fleet_backlog(now):
-                ready.add_metric([item.task_queue, item.definition], item.depth)
-                oldest.add_metric([item.task_queue, item.definition], item.oldest_age_s(now))
+            backlog = fleet_backlog(now)
+            if getattr(settings, "CLEAT_METRICS_BACKLOG_LABELS", False):
+                for item in backlog:
+                    ready.add_metric([item.task_queue, item.definition], item.depth)
+                    oldest.add_metric([item.task_queue, item.definition], item.oldest_age_s(now))
+            else:
+                # By default one series for the whole fleet: the names are the tenants' own
+                # (free text), and /metrics needs no key.
+                ready.add_metric(["", ""], sum(item.depth for item in backlog))
+                ages = [item.oldest_age_s(now) for item in backlog]
+                oldest.add_metric(["", ""], max(ages, default=0.0))
             counts = {"live": 0, "stale": 0}
             held_total, steps_total = 0, 0.0
             for worker in WorkerProcess.objects.all():
