@@ -30,6 +30,7 @@ from tests.integration.support.celery_workers import (
     ROOT,
     TASKS_MODULE,
     CeleryWorker,
+    PrivateRabbit,
     PrivateRedis,
     broker_reachable,
     unique_queue,
@@ -233,7 +234,7 @@ def race(
     count: int,
     *,
     kill_at: int | None = None,
-    restart_broker: PrivateRedis | None = None,
+    restart_broker: PrivateRedis | PrivateRabbit | None = None,
 ) -> dict[str, object]:
     """``count`` runs of five Celery-task calls through two runworker processes and three
     Celery workers; one Celery worker killed with SIGKILL when the ledger holds ``kill_at``
@@ -307,6 +308,26 @@ def test_500_runs_of_five_celery_tasks_with_a_celery_worker_killed(
         f"\ncelery x rabbitmq, {count} runs x 5 tasks, a worker killed: {figures}", file=sys.stderr
     )
     assert figures["repeated_keys"], "no task ran again: the kill found nothing in flight"
+
+
+def test_runs_of_celery_tasks_on_rabbitmq_survive_a_broker_restart(
+    tenant: Tenant, ledger: Ledger, tmp_path: Path
+) -> None:
+    """The same with the broker (a RabbitMQ node of the test's own) stopped and started again
+    mid-run: its durable queues keep what was published and not yet acknowledged, tasks
+    published while it was away are sent again by their runs, workers reconnect, every run
+    done and every effect applied once."""
+    require(RABBITMQ_URL)  # the shared node answers: the AMQP transport itself works here
+    broker = PrivateRabbit()
+    try:
+        broker.start()
+        count = int(os.environ.get("CLEAT_TEST_CELERY_RESTART_RUNS", "50"))
+        figures = race(tenant, ledger, tmp_path, broker.url, count, restart_broker=broker)
+    finally:
+        broker.destroy()
+    print(
+        f"\ncelery x private rabbitmq, {count} runs, broker restarted: {figures}", file=sys.stderr
+    )
 
 
 @pytest.mark.skip(

@@ -10,6 +10,7 @@ import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 import uuid
 from collections.abc import Mapping
@@ -223,3 +224,85 @@ class PrivateRedis:
             self.proc.kill()
             self.proc.wait(timeout=10)
         self.proc = None
+
+
+class PrivateRabbit:
+    """A RabbitMQ node of the test's own (its node name, ports, data and log directories,
+    no plugins), which the test may stop and start again; its queues and unacknowledged
+    messages are kept on disk across the restart. The machine's shared node is untouched.
+    Run as root, rabbitmq-server runs as the ``rabbitmq`` user, which owns the directory."""
+
+    def __init__(self) -> None:
+        binary = shutil.which("rabbitmq-server")
+        if binary is None:
+            raise AssertionError(
+                "rabbitmq-server is not installed (apt-get install rabbitmq-server)"
+            )
+        # Not under pytest's tmp_path: the rabbitmq user must be able to reach it.
+        self.directory = Path(tempfile.mkdtemp(prefix="cleat-rabbit-"))
+        self.port = free_port()
+        self.node = f"cleattest{self.port}@localhost"
+        (self.directory / "mnesia").mkdir(parents=True, exist_ok=True)
+        (self.directory / "log").mkdir(exist_ok=True)
+        (self.directory / "plugins").write_text("[].\n")
+        (self.directory / "rabbitmq.conf").write_text(
+            f"listeners.tcp.local = 127.0.0.1:{self.port}\n"
+        )
+        if os.geteuid() == 0:
+            for path in [self.directory, *self.directory.rglob("*")]:
+                shutil.chown(path, "rabbitmq", "rabbitmq")
+        self.env = {
+            **os.environ,
+            "RABBITMQ_NODENAME": self.node,
+            "RABBITMQ_NODE_PORT": str(self.port),
+            "RABBITMQ_DIST_PORT": str(free_port()),
+            "RABBITMQ_MNESIA_BASE": str(self.directory / "mnesia"),
+            "RABBITMQ_LOG_BASE": str(self.directory / "log"),
+            "RABBITMQ_PID_FILE": str(self.directory / "pid"),
+            "RABBITMQ_ENABLED_PLUGINS_FILE": str(self.directory / "plugins"),
+            "RABBITMQ_FEATURE_FLAGS_FILE": str(self.directory / "feature_flags"),
+            "RABBITMQ_CONFIG_FILE": str(self.directory / "rabbitmq"),
+        }
+        self.proc: subprocess.Popen[bytes] | None = None
+
+    @property
+    def url(self) -> str:
+        return f"amqp://guest:guest@127.0.0.1:{self.port}//"
+
+    def start(self) -> None:
+        self.proc = subprocess.Popen(
+            ["rabbitmq-server"],
+            env=self.env,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+            start_new_session=True,
+        )
+        deadline = time.monotonic() + 90
+        while broker_reachable(self.url) is not None:
+            if time.monotonic() > deadline or self.proc.poll() is not None:
+                raise AssertionError(
+                    f"the private RabbitMQ node {self.node} did not start (logs in "
+                    f"{self.directory / 'log'})"
+                )
+            time.sleep(0.2)
+
+    def stop(self) -> None:
+        if self.proc is None:
+            return
+        subprocess.run(
+            ["rabbitmqctl", "-n", self.node, "stop"],
+            env=self.env,
+            capture_output=True,
+            timeout=60,
+            check=False,
+        )
+        try:
+            self.proc.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            os.killpg(self.proc.pid, 9)
+            self.proc.wait(timeout=10)
+        self.proc = None
+
+    def destroy(self) -> None:
+        self.stop()
+        shutil.rmtree(self.directory, ignore_errors=True)
