@@ -317,6 +317,9 @@ CLEAT_TRACING_SERVICE_NAME = env.str("CLEAT_TRACING_SERVICE_NAME", default="clea
 # A waiting run re-checks its wait at least this often: the last resort for a wake-up lost to
 # a crash, which the wake sweep finds within seconds. Each re-check is a segment, so 100,000
 # waiting runs at an hour cost ~28 segments/s (at 5 minutes: 333).
+# History compaction (engine/compaction.py): a run's history prefix is folded into one
+# checkpoint once this many of its events are rows (0: off).
+CLEAT_COMPACT_AFTER_EVENTS = env.int("CLEAT_COMPACT_AFTER_EVENTS", default=1000)
 # Threads one batch of durable calls (ctx.gather, durable_call_many) is made on.
 CLEAT_MAX_PARALLEL_CALLS = env.int("CLEAT_MAX_PARALLEL_CALLS", default=8)
 CLEAT_WAIT_RECHECK_SECONDS = env.float("CLEAT_WAIT_RECHECK_SECONDS", default=3600.0)

@@ -668,13 +668,16 @@ def export_history(tenant: Tenant, run_id: str) -> RecordedRun:
             run_id=str(instance.id),
             input=instance.input,
             start_ms=instance.start_ms,
-            history=tuple(WorkflowEvent.history(tenant.id, instance.id)),
+            history=tuple(
+                WorkflowEvent.history(tenant.id, instance.id, checkpoint=instance.compaction_state)
+            ),
             entry_point=instance.entry_point,
             min_version=definition.min_version,
             status=instance.status,
             result=instance.result,
             error=instance.error,
             error_code=instance.error_code,
+            compacted_events=instance.compacted_events,
         )
 
 
