@@ -10,6 +10,7 @@ issue's figure: 50,000 steps compacted every 1,000 events)."""
 
 from __future__ import annotations
 
+import html
 import json
 import os
 import re
@@ -22,10 +23,11 @@ from django.core.management import call_command
 from django.test import override_settings
 
 from engine import compaction
-from engine.events import EncodedEvent
+from engine.events import EncodedEvent, history_from_json, verify
 from tests.fixtures.wat import Wat
 from tests.integration.support.environments import database_environment
 from tests.integration.test_api_support import Api, key_for
+from tests.integration.test_encryption import admin_client
 from workflows.models import Tenant, WorkflowEvent, WorkflowInstance
 from workflows.tenancy import tenant_context
 from workflows.testing import DatabaseWorkflowEnvironment
@@ -147,6 +149,15 @@ def test_a_compacted_run_ends_as_its_uncompacted_twin(
     assert len(api.get(f"/api/v1/workflows/{run}/history").json()["history"]) == len(compacted)
     page = api.get(f"/api/v1/workflows/{run}/events").json()
     assert page["results"][0]["step"] == folded, page["results"][0]
+    marker = f"steps 0\u2013{folded - 1} compacted: kept in the run's checkpoint"
+    admin = admin_client(tenant)
+    shown = html.unescape(
+        admin.get(f"/admin/workflows/workflowinstance/{run}/change/").content.decode()
+    )
+    assert marker in shown
+    assert "compacted" not in html.unescape(
+        admin.get(f"/admin/workflows/workflowinstance/{twin}/change/").content.decode()
+    )
 
 
 def test_a_changed_module_is_caught_in_and_after_the_compacted_prefix(
@@ -199,7 +210,7 @@ def broken_chunk(value: Any) -> Any:
 
 @pytest.mark.parametrize("change", [altered_payload, broken_chunk])
 def test_a_tampered_checkpoint_fails_the_run_with_history_corrupt(
-    env: DatabaseWorkflowEnvironment, change: Any
+    env: DatabaseWorkflowEnvironment, tenant: Tenant, change: Any
 ) -> None:
     with override_settings(CLEAT_COMPACT_AFTER_EVENTS=compaction.KEEP_TAIL // 2):
         env.deploy("long", long_counter(4 * SHORT, segment=SHORT).wasm())
@@ -212,6 +223,13 @@ def test_a_tampered_checkpoint_fails_the_run_with_history_corrupt(
     info = env.describe(run)
     assert info["error_code"] == "history_corrupt", info
     assert info["status"] in ("failed", "dead_lettered")
+    answer = Api(key_for(tenant)).get(f"/api/v1/workflows/{run}/history")
+    if change is broken_chunk:  # the export says why, it does not crash
+        assert answer.status_code == 409, answer.content
+        assert "cannot be read" in answer.content.decode()
+    else:  # it reads back; the altered event fails its checksum
+        history = history_from_json(answer.json()["history"])
+        assert [verify(e) for e in history].count(False) == 1
 
 
 def test_a_bad_setting_is_refused_with_its_name() -> None:
