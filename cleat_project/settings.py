@@ -320,6 +320,9 @@ CLEAT_TRACING_SERVICE_NAME = env.str("CLEAT_TRACING_SERVICE_NAME", default="clea
 # The web /metrics' backlog gauges per task queue and definition (their names are the
 # tenants' own, and /metrics needs no key): off, one series for the fleet.
 CLEAT_METRICS_BACKLOG_LABELS = env.bool("CLEAT_METRICS_BACKLOG_LABELS", default=False)
+# History compaction (engine/compaction.py): a run's history prefix is folded into one
+# checkpoint once this many of its events are rows (0: off).
+CLEAT_COMPACT_AFTER_EVENTS = env.int("CLEAT_COMPACT_AFTER_EVENTS", default=1000)
 # Threads one batch of durable calls (ctx.gather, durable_call_many) is made on.
 CLEAT_MAX_PARALLEL_CALLS = env.int("CLEAT_MAX_PARALLEL_CALLS", default=8)
 CLEAT_WAIT_RECHECK_SECONDS = env.float("CLEAT_WAIT_RECHECK_SECONDS", default=3600.0)

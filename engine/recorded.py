@@ -53,6 +53,9 @@ class RecordedRun:
     result: str | None = None
     error: str | None = None
     error_code: str | None = None
+    # How many of the first events came from the run's compaction checkpoint (the history
+    # holds them all, expanded): what a page marks as "steps 0-N compacted".
+    compacted_events: int = 0
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -69,6 +72,7 @@ class RecordedRun:
             "result": self.result,
             "error": self.error,
             "error_code": self.error_code,
+            "compacted_events": self.compacted_events,
             "history": [
                 {**event.as_dict(), "type": _TYPE_NAMES.get(event.type_code, "unknown")}
                 for event in self.history
@@ -110,6 +114,7 @@ class RecordedRun:
             result=_optional_text(data, "result"),
             error=_optional_text(data, "error"),
             error_code=_optional_text(data, "error_code"),
+            compacted_events=_number(data, "compacted_events", 0),
         )
 
     @classmethod

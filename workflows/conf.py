@@ -12,6 +12,7 @@ from django import db
 from django.conf import settings
 from django.core.exceptions import ImproperlyConfigured
 
+from engine.compaction import DEFAULT_THRESHOLD as DEFAULT_COMPACTION_THRESHOLD
 from engine.config import MIB, EngineConfig
 from engine.services import Services
 from workflows import tracing
@@ -60,12 +61,25 @@ def _mapping(name: str) -> dict[str, Any]:
     return dict(value)
 
 
+def compact_after_events() -> int:
+    """``CLEAT_COMPACT_AFTER_EVENTS`` (engine/compaction.py): fold a run's history once this
+    many of its events are rows; 0: off. Read at each use (tests override it); checked at
+    start-up by :func:`cleat_settings`."""
+    value = getattr(settings, "CLEAT_COMPACT_AFTER_EVENTS", DEFAULT_COMPACTION_THRESHOLD)
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise ImproperlyConfigured(
+            f"CLEAT_COMPACT_AFTER_EVENTS must be a whole number >= 0 (0: off), not {value!r}"
+        )
+    return value
+
+
 @cache
 def cleat_settings() -> CleatSettings:
     """Read and validate the settings once; a bad value stops start-up with its name."""
     # Every knob has the engine's default (``EngineConfig``), so a project that embeds the
     # app sets only the ones it changes (docs/embedding.md).
     defaults = EngineConfig()
+    compact_after_events()
     cache_dir = getattr(settings, "CLEAT_MODULE_CACHE_DIR", "") or None
 
     def knob(name: str, default: Any) -> Any:

@@ -16,6 +16,7 @@ from typing import Any
 from django.db import DatabaseError, InterfaceError, OperationalError, connection
 from opentelemetry.trace import Span, Status, StatusCode
 
+from engine.compaction import CompactionCorrupt
 from engine.errors import ErrorCode, FenceLost, InvalidModule
 from engine.lifecycle import outcome_kind
 from engine.runtime import WasmRuntime
@@ -137,6 +138,11 @@ def _execute_claim(
         loaded = _load(claim, worker_id)
     except EncryptionKeyMissing as exc:
         return _fail_key_missing(claim, worker_id, exc, clock, started)
+    except CompactionCorrupt as exc:
+        # A checkpoint that does not read back is a corrupt history like a bad checksum.
+        log.error("event=history_corrupt run=%s detail=%s", claim.id, exc)
+        outcome = failed(ErrorCode.HISTORY_CORRUPT, str(exc))
+        return _fail_unloaded(claim, worker_id, outcome, clock, started)
     if loaded is None:
         return SegmentReport(str(claim.id), "gone", "", 0, 0, 0.0)
     missing = unopened(loaded.instance)
@@ -369,13 +375,23 @@ def _fail_key_missing(
     or is not the key it was sealed with): ``encryption_key_missing``, naming the key id.
     The run keeps what it stored (an operator who restores the key can retry it)."""
     log.error("event=encryption_key_missing run=%s key=%s", claim.id, exc.key_id)
+    return _fail_unloaded(claim, worker_id, _key_missing_outcome(exc), clock, started)
+
+
+def _fail_unloaded(
+    claim: Claim,
+    worker_id: str,
+    outcome: Failed,
+    clock: Callable[[], datetime] | None,
+    started: float,
+) -> SegmentReport:
+    """Fail a claimed run whose load failed with ``outcome``."""
     ref = RunRef(str(claim.tenant_id), "", str(claim.id), worker_id, claim.generation)
     with tenant_context(claim.tenant_id):
         # As stored: opened, or kept sealed (the finalize writes it back unchanged).
         query_state = (
             WorkflowInstance.objects.filter(id=claim.id).only("id", "tenant_id", "query_state")
         ).first()
-    outcome = _key_missing_outcome(exc)
     state = query_state.query_state if query_state is not None else {}
     result = SegmentResult(outcome, (), (), state, 0, 0)
     kind, detail = outcome_kind(outcome)

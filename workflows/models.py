@@ -21,6 +21,7 @@ from django.core.validators import MaxValueValidator, MinValueValidator, RegexVa
 from django.db import models
 from django.utils import timezone
 
+from engine import compaction
 from engine.errors import ErrorCode
 from engine.events import EncodedEvent, EventType
 from engine.lifecycle import RetryPolicy
@@ -28,7 +29,13 @@ from engine.status import TERMINAL_STATUSES as ENGINE_TERMINAL_STATUSES
 from engine.status import RunStatus as EngineRunStatus
 from engine.versions import ChildBinding as EngineChildBinding
 from engine.versions import DeployedVersion
-from workflows.crypto import SealedJSONField, SealedModel, SealedTextField, open_column
+from workflows.crypto import (
+    SealedJSONField,
+    SealedModel,
+    SealedTextField,
+    Unopened,
+    open_column,
+)
 from workflows.tenancy import of_tenant
 
 DEFAULT_TENANT_ID = uuid.UUID("00000000-0000-0000-0000-000000000000")
@@ -360,9 +367,12 @@ class WorkflowInstance(SealedModel, TenantScoped):
     start_idempotency_key = models.CharField(max_length=255, null=True, blank=True)
     allowed_signals = models.JSONField(null=True, blank=True, help_text="None: any signal.")
     query_state = SealedJSONField(default=dict, blank=True)
-    # The compaction checkpoint (not written yet): sealed like every payload, so compaction
-    # inherits encryption at rest by writing through the ORM.
+    # The compaction checkpoint (engine.compaction.CompactionState.as_json): the run's
+    # compacted history prefix, sealed like every payload. Deferred wherever runs are listed.
     compaction_state = SealedJSONField(null=True, blank=True)
+    # How many of the history's first events are in the checkpoint (their rows are deleted):
+    # the finalize decides on a fold from this and event_count without reading the blob.
+    compacted_events = models.PositiveIntegerField(default=0)
     event_count = models.PositiveIntegerField(default=0)
     cancel_requested = models.BooleanField(default=False)
     cancel_reason = models.TextField(null=True, blank=True)
@@ -439,6 +449,38 @@ class WorkflowInstance(SealedModel, TenantScoped):
     def waiting_description(self) -> str:
         return (self.waiting_on or {}).get("description", "")
 
+    @classmethod
+    def stored_checkpoint(cls, tenant_id: uuid.UUID, instance_id: uuid.UUID | str) -> Any:
+        """The run's ``compaction_state`` as a loaded instance holds it (opened)."""
+        row = (
+            of_tenant(cls, tenant_id)
+            .filter(id=instance_id)
+            .only("id", "tenant_id", "compaction_state")
+            .first()
+        )
+        return row.compaction_state if row is not None else None
+
+    @property
+    def compaction_marker(self) -> str | None:
+        """ "steps 0-999 compacted" for a run with a compacted prefix (None otherwise)."""
+        if not self.compacted_events:
+            return None
+        return compaction.describe_count(self.compacted_events)
+
+
+_READ_IT: Any = object()
+
+
+def checkpoint_state(value: Any) -> compaction.CompactionState | None:
+    """The :class:`engine.compaction.CompactionState` of a ``compaction_state`` value as a
+    model instance holds it (None: nothing compacted). A value sealed with a key that is not
+    configured raises its :class:`EncryptionKeyMissing`."""
+    if value is None or value == "":
+        return None
+    if isinstance(value, Unopened):
+        raise value.error
+    return compaction.CompactionState.from_json(value)
+
 
 class WorkflowEvent(SealedModel, TenantScoped):
     """One step of a run's history, as the engine's codec encodes it. Append-only, except
@@ -466,8 +508,24 @@ class WorkflowEvent(SealedModel, TenantScoped):
         return f"{self.instance_id}#{self.step}"
 
     @classmethod
-    def history(cls, tenant_id: uuid.UUID, instance_id: uuid.UUID | str) -> list[EncodedEvent]:
-        """The run's stored events in step order, as the engine's codec reads them."""
+    def history(
+        cls,
+        tenant_id: uuid.UUID,
+        instance_id: uuid.UUID | str,
+        *,
+        checkpoint: Any = _READ_IT,
+    ) -> list[EncodedEvent]:
+        """The run's whole history in step order, as the engine's codec reads it: the events
+        of its compaction checkpoint (``checkpoint``: the instance's ``compaction_state``
+        when the caller holds it already), then its rows. Raises
+        :class:`engine.compaction.CompactionCorrupt` for a checkpoint that does not read."""
+        if checkpoint is _READ_IT:
+            checkpoint = WorkflowInstance.stored_checkpoint(tenant_id, instance_id)
+        return compaction.with_tail(checkpoint_state(checkpoint), cls.rows(tenant_id, instance_id))
+
+    @classmethod
+    def rows(cls, tenant_id: uuid.UUID, instance_id: uuid.UUID | str) -> list[EncodedEvent]:
+        """The run's event rows (the history after its compaction checkpoint)."""
         return [
             EncodedEvent(
                 step,
@@ -783,6 +841,7 @@ def instance_summary(instance: WorkflowInstance) -> dict[str, Any]:
         "attempt": instance.attempt,
         "generation": instance.generation,
         "events": instance.event_count,
+        "compacted_events": instance.compacted_events,
         "query_state": instance.query_state,
         "parent": str(instance.parent_id) if instance.parent_id else None,
         "continued_as": _continued_as(instance),

@@ -20,6 +20,7 @@ from django.db.models import F
 from django.utils import timezone
 
 from engine import lifecycle
+from engine.compaction import CompactionCorrupt
 from engine.errors import ErrorCode
 from engine.events import AdminActionEvent, encode
 from engine.policies import external_signal_refusal
@@ -80,6 +81,13 @@ class Conflict(ServiceError):
     """A stale generation, or a transition the run's status does not allow."""
 
     code = "conflict"
+    http_status = 409
+
+
+class HistoryUnreadable(ServiceError):
+    """The run's compaction checkpoint does not read back (a damaged or altered row)."""
+
+    code = "history_corrupt"
     http_status = 409
 
 
@@ -661,6 +669,12 @@ def export_history(tenant: Tenant, run_id: str) -> RecordedRun:
     with tenant_context(tenant.id):
         instance = get_instance(tenant, run_id)
         definition = instance.definition
+        try:
+            history = WorkflowEvent.history(
+                tenant.id, instance.id, checkpoint=instance.compaction_state
+            )
+        except CompactionCorrupt as exc:
+            raise HistoryUnreadable(f"run {run_id}'s history cannot be exported: {exc}") from None
         return RecordedRun(
             definition=instance.definition_name,
             version=instance.definition_version,
@@ -668,13 +682,14 @@ def export_history(tenant: Tenant, run_id: str) -> RecordedRun:
             run_id=str(instance.id),
             input=instance.input,
             start_ms=instance.start_ms,
-            history=tuple(WorkflowEvent.history(tenant.id, instance.id)),
+            history=tuple(history),
             entry_point=instance.entry_point,
             min_version=definition.min_version,
             status=instance.status,
             result=instance.result,
             error=instance.error,
             error_code=instance.error_code,
+            compacted_events=instance.compacted_events,
         )
 
 

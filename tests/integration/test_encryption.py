@@ -94,12 +94,19 @@ def env(tenant: Tenant) -> Iterator[DatabaseWorkflowEnvironment]:
     environment.close()
 
 
-def drive_every_payload(env: DatabaseWorkflowEnvironment) -> tuple[str, str]:
+def drive_every_payload(
+    env: DatabaseWorkflowEnvironment, *, compact: bool = False
+) -> tuple[str, str]:
     """A run that writes each kind of payload with the marker in it, to the end; and a
-    second run failed with the marker in its error. Returns both run ids."""
+    second run failed with the marker in its error. Returns both run ids. ``compact``: the
+    run's first segment folds its history prefix into the compaction checkpoint."""
     env.deploy("vault", vault().wasm())
     run = env.start("vault", {"card": MARKER})
-    env.run_until_idle()
+    with override_settings(CLEAT_COMPACT_AFTER_EVENTS=2 if compact else 0):
+        env.run_until_idle()
+    if compact:
+        info = env.describe(run)
+        assert info["compacted_events"] > 0, (info["events"], info["status"], info["waiting_on"])
     promise = env.describe(run)["query_state"]["promise"]
     update = env.update(run, "on_note", {"note": MARKER})
     env.run_until_idle()
@@ -140,7 +147,7 @@ def drive_every_payload(env: DatabaseWorkflowEnvironment) -> tuple[str, str]:
 
 
 PAYLOAD_COLUMNS: dict[type[Any], tuple[str, ...]] = {
-    WorkflowInstance: ("input", "result", "error", "query_state"),
+    WorkflowInstance: ("input", "result", "error", "query_state", "compaction_state"),
     WorkflowEvent: ("payload",),
     Signal: ("payload",),
     Promise: ("value", "error"),
@@ -153,14 +160,13 @@ PAYLOAD_COLUMNS: dict[type[Any], tuple[str, ...]] = {
 
 
 def test_the_scenario_covers_every_sealed_column() -> None:
-    """Every sealed column but the compaction checkpoint (nothing writes one yet) is one
-    the scenario below fills and checks."""
+    """Every sealed column is one the scenario below fills and checks (the compaction
+    checkpoint with ``compact=True``)."""
     from workflows.rotation import sealed_columns
 
     sealed = {(m, f.attname) for m, f in sealed_columns()}
     listed = {(m, c) for m, columns in PAYLOAD_COLUMNS.items() for c in columns}
-    assert sealed - listed == {(WorkflowInstance, "compaction_state")}
-    assert listed <= sealed
+    assert sealed == listed
 
 
 def raw_rows(tenant: Tenant, model: type[Any]) -> list[tuple[Any, ...]]:
@@ -181,7 +187,7 @@ def test_no_payload_is_stored_as_plaintext_and_every_surface_shows_it(
     env: DatabaseWorkflowEnvironment, tenant: Tenant
 ) -> None:
     with keys():
-        run, failed = drive_every_payload(env)
+        run, failed = drive_every_payload(env, compact=True)
         assert env.status(run) == "done"
         result = env.result(run)
         assert MARKER in json.dumps(result)
@@ -196,7 +202,7 @@ def test_no_payload_is_stored_as_plaintext_and_every_surface_shows_it(
                 text = [
                     json.loads(v)
                     if model is WorkflowInstance
-                    and column == "query_state"
+                    and column in ("query_state", "compaction_state")
                     and isinstance(v, str)
                     and v.startswith('"')
                     else v

@@ -356,6 +356,13 @@ class RunSerializer(serializers.ModelSerializer):
     waiting_on = RedactedJsonField(allow_null=True)
     query_state = QueryStateField()
     events = serializers.IntegerField(source="event_count", read_only=True)
+    compacted_events = serializers.IntegerField(
+        read_only=True,
+        help_text=(
+            "How many of the first events are in the run's compaction checkpoint (0: none): "
+            "`/events` pages through the rest, `/history` returns them all."
+        ),
+    )
     trace_id = serializers.CharField(
         read_only=True,
         allow_null=True,
@@ -386,6 +393,7 @@ class RunSerializer(serializers.ModelSerializer):
             "priority",
             "task_queue",
             "events",
+            "compacted_events",
             "query_state",
             "parent",
             "continued_from",

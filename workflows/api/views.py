@@ -648,6 +648,12 @@ class WorkflowViewSet(TenantViewSet):
 
     @extend_schema(
         summary="A run's event history",
+        description=(
+            "The run's event rows, in step order. A run whose history was compacted "
+            "(`compacted_events` > 0 on the run) keeps its first `compacted_events` events "
+            "in its checkpoint: this list then starts at that step; `GET .../history` "
+            "returns every event, expanded from the checkpoint."
+        ),
         parameters=[s.EventsQuerySerializer],
         responses=s.EventSerializer(many=True),
     )

@@ -32,6 +32,7 @@ from typing import Any
 
 from django.conf import settings
 
+from engine.compaction import CompactionCorrupt
 from engine.errors import ErrorCode, InvalidModule
 from engine.runtime import WasmRuntime
 from engine.services import CallResult, Services
@@ -196,7 +197,10 @@ def _parsed(state: dict[str, str]) -> dict[str, Any]:
 
 def state_at_step(instance: WorkflowInstance, step: int) -> StateAtStep:
     """Replay ``instance`` (read in the caller's tenant context) to its first ``step`` events."""
-    stored = WorkflowEvent.history(instance.tenant_id, instance.id)
+    try:
+        stored = WorkflowEvent.history(instance.tenant_id, instance.id)
+    except CompactionCorrupt as exc:
+        return StateAtStep(step, 0, {}, f"the history cannot be read: {exc}", error=True)
     total = len(stored)
     step = max(0, min(step, total))
     history = stored[:step]

@@ -30,6 +30,7 @@ from django.utils.http import url_has_allowed_host_and_scheme, urlencode
 from django.utils.safestring import mark_safe
 
 from engine import lifecycle
+from engine.compaction import CompactionCorrupt
 from engine.events import CodecError, EncodedEvent, decode, verify
 from workflows import definitions as defs
 from workflows import services as svc
@@ -46,7 +47,7 @@ from workflows.console.display import (
 from workflows.console.forms import DeployForm, RoutingForm, TagForm
 from workflows.console.replay import state_at_step
 from workflows.console.scoping import request_tenant
-from workflows.crypto import shown_column
+from workflows.crypto import EncryptionKeyMissing, shown_column
 from workflows.middleware import SESSION_KEY
 from workflows.models import (
     ACTIVE_STATUSES,
@@ -60,6 +61,7 @@ from workflows.models import (
     WorkflowDefinition,
     WorkflowEvent,
     WorkflowInstance,
+    checkpoint_state,
     continue_chain,
 )
 from workflows.redaction import (
@@ -134,7 +136,24 @@ def _instance_or_404(request: HttpRequest, object_id: str) -> WorkflowInstance:
 
 
 def _history(instance: WorkflowInstance) -> list[EncodedEvent]:
-    return WorkflowEvent.history(instance.tenant_id, instance.id)
+    """The whole history (the compaction checkpoint expanded); only the rows when the
+    checkpoint cannot be read (the page says so: :func:`_compaction_note`)."""
+    try:
+        return WorkflowEvent.history(instance.tenant_id, instance.id)
+    except CompactionCorrupt:
+        return WorkflowEvent.rows(instance.tenant_id, instance.id)
+
+
+def _compaction_note(instance: WorkflowInstance) -> str:
+    """What the page says about a compacted prefix ("steps 0-999 compacted ...")."""
+    marker = instance.compaction_marker
+    if marker is None:
+        return ""
+    try:
+        checkpoint_state(instance.compaction_state)
+    except (CompactionCorrupt, EncryptionKeyMissing) as exc:
+        return f"{marker}; the checkpoint cannot be read ({exc}): only the later events are shown"
+    return f"{marker}: kept in the run's checkpoint, shown here expanded"
 
 
 def timeline_svg(instance: WorkflowInstance, history: list[EncodedEvent] | None = None) -> str:
@@ -228,6 +247,7 @@ def instance_page(request: HttpRequest, object_id: str) -> HttpResponse:
         "events_page": page,
         "events": _event_rows(list(page.object_list), start_ms),
         "event_total": len(history),
+        "compaction_note": _compaction_note(instance),
         "state_step": len(history),
         "worker_url": workers_url(instance.assigned_to)
         if instance.assigned_to and can_see_workers(request)

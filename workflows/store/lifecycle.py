@@ -34,6 +34,7 @@ from django.db.models.functions import Coalesce
 from django.utils import timezone
 
 from engine import lifecycle
+from engine.compaction import with_tail
 from engine.errors import FenceLost, Refused
 from engine.events import EncodedEvent, EventType, decode, encode
 from engine.faults import crash_point
@@ -52,8 +53,9 @@ from workflows.models import (
     WorkflowDefinition,
     WorkflowEvent,
     WorkflowInstance,
+    checkpoint_state,
 )
-from workflows.store import task_calls, wake
+from workflows.store import compaction, task_calls, wake
 from workflows.store.sql import queries
 from workflows.store.storage import (
     append_locked,
@@ -259,7 +261,9 @@ def load_run(claim: Claim, worker_id: str) -> LoadedRun | None:
             "max_history_length": instance.definition.max_history_length,
             "min_version": instance.definition.min_version,
         }
-        history = WorkflowEvent.history(instance.tenant_id, instance.id)
+        history = WorkflowEvent.history(
+            instance.tenant_id, instance.id, checkpoint=instance.compaction_state
+        )
     return LoadedRun(
         claim,
         worker_id,
@@ -295,7 +299,7 @@ def _load_in_one_message(claim: Claim, worker_id: str) -> tuple[bool, LoadedRun 
             return True, None
         instance = _instance_from_row(row[: len(_INSTANCE_FIELDS)])
     sha256, max_history_length, min_version = row[len(_INSTANCE_FIELDS) :]
-    history = [
+    rows = [
         EncodedEvent(
             step,
             code,
@@ -305,6 +309,8 @@ def _load_in_one_message(claim: Claim, worker_id: str) -> tuple[bool, LoadedRun 
         )
         for step, code, ts, payload, checksum in events
     ]
+    # The checkpoint came with the instance's row: the history is it, then the rows.
+    history = with_tail(checkpoint_state(instance.compaction_state), rows)
     return True, LoadedRun(
         claim,
         worker_id,
@@ -419,6 +425,9 @@ def finalize_segment(ref: RunRef, result: SegmentResult, now: datetime | None = 
             instance.workflow_id, instance.definition_version, instance.attempt, arrived
         )
         transition = lifecycle.after_segment(outcome, state, _policy(instance, outcome), _ms(now))
+        if not transition.ended:
+            # A run that goes on is loaded again: fold its prefix now, under this fence.
+            compaction.fold_locked(instance)
         successor = apply_transition(instance, transition, now)
     return Finalized(instance.status, str(successor.id) if successor else None)
 
@@ -589,12 +598,11 @@ def retake_locks(instance: WorkflowInstance, now: datetime) -> str | None:
     an operator reopens it: its end released them, and its replay answers ``acquire_lock``
     from the history. Returns the refusal when another workflow holds one now (nothing is
     taken then: the caller's transaction rolls back), None when all are taken again."""
-    stored = WorkflowEvent.objects.filter(
-        instance_id=instance.id, type_code__in=lifecycle.LOCK_CODES
-    ).order_by("step")
+    # The whole history: a lock taken in the compacted prefix is held too.
     events = [
-        decode(EncodedEvent(e.step, e.type_code, e.timestamp_ms, e.payload, e.checksum))
-        for e in stored
+        decode(e)
+        for e in WorkflowEvent.history(instance.tenant_id, instance.id)
+        if e.type_code in lifecycle.LOCK_CODES
     ]
     now_ms = int(now.timestamp() * 1000)
     for lock in lifecycle.locks_held(events, now_ms):

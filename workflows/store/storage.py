@@ -113,7 +113,9 @@ def lock_fenced(ref: RunRef) -> int:
 
 def lock_fenced_instance(ref: RunRef) -> WorkflowInstance:
     """:func:`lock_fenced`, returning the locked row itself. Raises FenceLost."""
-    instance = _fenced(ref).first()
+    # The checkpoint is deferred: the finalize's save() then writes the loaded fields only,
+    # not the blob back (engine.compaction's fold writes it itself).
+    instance = _fenced(ref).defer("compaction_state").first()
     if instance is None:
         raise _fence_lost(ref)
     return instance
