@@ -323,6 +323,12 @@ CLEAT_METRICS_BACKLOG_LABELS = env.bool("CLEAT_METRICS_BACKLOG_LABELS", default=
 # History compaction (engine/compaction.py): a run's history prefix is folded into one
 # checkpoint once this many of its events are rows (0: off).
 CLEAT_COMPACT_AFTER_EVENTS = env.int("CLEAT_COMPACT_AFTER_EVENTS", default=1000)
+# The stale-version check (and, with CLEAT_VERSION_GC, the version garbage collection) as a
+# periodic duty of the workers or of beat (workflows/version_duty.py); 0: never.
+CLEAT_VERSION_CHECK_INTERVAL_SECONDS = env.float(
+    "CLEAT_VERSION_CHECK_INTERVAL_SECONDS", default=86400.0
+)
+CLEAT_VERSION_GC = env.bool("CLEAT_VERSION_GC", default=False)
 # Threads one batch of durable calls (ctx.gather, durable_call_many) is made on.
 CLEAT_MAX_PARALLEL_CALLS = env.int("CLEAT_MAX_PARALLEL_CALLS", default=8)
 CLEAT_WAIT_RECHECK_SECONDS = env.float("CLEAT_WAIT_RECHECK_SECONDS", default=3600.0)

@@ -14,7 +14,7 @@ class WorkflowsConfig(AppConfig):
     def ready(self) -> None:
         from django.conf import settings
 
-        from workflows import celery_calls, dispatch, duties, faults, retention
+        from workflows import celery_calls, dispatch, duties, faults, retention, version_duty
         from workflows.maintenance import reaper_duty, wake_sweep_duty
 
         checks.register(check_fetch_allow_list)
@@ -28,6 +28,7 @@ class WorkflowsConfig(AppConfig):
         duties.register("reaper", reaper_duty)
         duties.register("wake_sweep", wake_sweep_duty)
         duties.register("retention", retention.worker_duty)
+        duties.register("versions", version_duty.worker_duty)
         # Broker dispatch: publish what became due without a wake-up, and lost messages.
         duties.register("dispatch_sweep", dispatch.sweep_duty)
         # Test-only fault injection; both settings are empty in production (nothing happens).
