@@ -13,11 +13,11 @@ import json
 import secrets
 import threading
 import uuid
-from collections.abc import Callable, Collection, Sequence
+from collections.abc import Callable, Collection, Iterator, Sequence
 from dataclasses import dataclass, field, replace
-from typing import Any
+from typing import Any, overload
 
-from engine import lifecycle
+from engine import compaction, lifecycle
 from engine.cron import cron_error, timezone_error
 from engine.errors import Denied, FenceLost, Refused, StorageError
 from engine.events import AdminActionEvent, EncodedEvent, Event, decode, encode
@@ -67,6 +67,72 @@ from engine.versions import (
 DEFAULT_POLICY = lifecycle.RunPolicy()
 
 
+class History:
+    """A run's history in memory, stored as the database store stores it: a compaction
+    checkpoint (:mod:`engine.compaction`: the folded prefix) and the events after it, read as
+    one list of encoded events. :meth:`fold` applies the same rule as the database finalize."""
+
+    def __init__(self) -> None:
+        self.checkpoint: compaction.CompactionState | None = None
+        self.tail: list[EncodedEvent] = []
+        self.compacted = 0
+
+    def __len__(self) -> int:
+        return self.compacted + len(self.tail)
+
+    def __bool__(self) -> bool:
+        return len(self) > 0
+
+    def __iter__(self) -> Iterator[EncodedEvent]:
+        return iter(compaction.with_tail(self.checkpoint, self.tail))
+
+    def __eq__(self, other: object) -> bool:
+        if isinstance(other, History | list | tuple):
+            return list(self) == list(other)
+        return NotImplemented
+
+    __hash__ = None  # type: ignore[assignment]  # mutable, as a list
+
+    def __repr__(self) -> str:
+        return f"History({self.compacted} compacted, {len(self.tail)} after)"
+
+    @overload
+    def __getitem__(self, index: int) -> EncodedEvent: ...
+
+    @overload
+    def __getitem__(self, index: slice) -> list[EncodedEvent]: ...
+
+    def __getitem__(self, index: int | slice) -> EncodedEvent | list[EncodedEvent]:
+        if isinstance(index, slice):
+            return list(self)[index]
+        position = index + len(self) if index < 0 else index
+        if position < 0 or position >= len(self):
+            raise IndexError(index)
+        if position >= self.compacted:
+            return self.tail[position - self.compacted]
+        return compaction.expand(self.checkpoint)[position]
+
+    def __setitem__(self, index: int, event: EncodedEvent) -> None:
+        if index < self.compacted:  # folds never take a write-ahead intent, the only rewrite
+            raise StorageError(f"step {index} is in the compaction checkpoint")
+        self.tail[index - self.compacted] = event
+
+    def append(self, event: EncodedEvent) -> None:
+        self.tail.append(event)
+
+    def pop(self) -> EncodedEvent:
+        return self.tail.pop()  # the last step: a fold always leaves at least one as a row
+
+    def fold(self, threshold: int) -> int:
+        """Fold what :func:`engine.compaction.fold_count` says into the checkpoint."""
+        n = compaction.fold_count(self.tail, threshold)
+        if n:
+            self.checkpoint = compaction.fold(self.checkpoint, self.tail[:n])
+            self.tail = self.tail[n:]
+            self.compacted += n
+        return n
+
+
 @dataclass
 class RunRecord:
     run_id: str
@@ -81,7 +147,7 @@ class RunRecord:
     result: str | None = None
     error: str | None = None
     error_code: str | None = None
-    history: list[EncodedEvent] = field(default_factory=list)
+    history: History = field(default_factory=History)
     generation: int = 0
     worker_id: str = ""
     due_ms: int | None = 0  # None: waits to be woken (signal, child, promise, update)
@@ -122,6 +188,9 @@ class InMemoryStorage:
     def __init__(self, clock: Callable[[], int], tenant_id: str = "default") -> None:
         self.clock = clock
         self.tenant_id = tenant_id
+        # CLEAT_COMPACT_AFTER_EVENTS's twin: a run that goes on with this many events as rows
+        # has its prefix folded into its checkpoint (engine.compaction); 0: never.
+        self.compact_after_events = 0
         self._lock = threading.RLock()
         self.runs: dict[str, RunRecord] = {}
         self.signals: list[StoredSignal] = []
@@ -243,7 +312,10 @@ class InMemoryStorage:
             state = lifecycle.RunState(run.workflow_id, run.version, run.attempt, arrived)
             policy = self.policies.get((run.definition, run.version), DEFAULT_POLICY)
             transition = lifecycle.after_segment(outcome, state, policy, self.clock())
-            return self._apply(run, transition)
+            successor = self._apply(run, transition)
+            if not transition.ended:  # as the database finalize: only a run that goes on
+                run.history.fold(self.compact_after_events)
+            return successor
 
     def _apply(self, run: RunRecord, transition: lifecycle.Transition) -> str | None:
         """Apply a transition of :mod:`engine.lifecycle` to ``run``; returns the successor's
@@ -853,6 +925,7 @@ class InMemoryStorage:
             "query_state": dict(run.query_state),
             "continued_as": run.continued_as,
             "events": len(run.history),
+            "compacted_events": run.history.compacted,
         }
 
 

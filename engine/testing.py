@@ -116,9 +116,12 @@ class WorkflowEnvironment:
         resolvers: Mapping[str, Any] | None = None,
         require_signal_auth: bool = False,
         plugin_guard: Mapping[str, Mapping[str, Sequence[str]]] | None = None,
+        compact_after_events: int = 0,
     ) -> None:
         self.clock = VirtualClock(start_ms)
         self.storage = InMemoryStorage(self.clock.now)
+        # History compaction, as CLEAT_COMPACT_AFTER_EVENTS (0: off) sets it for the database.
+        self.storage.compact_after_events = compact_after_events
         self.storage.require_signal_auth = require_signal_auth
         self.runtime = runtime or (WasmRuntime(config) if config else shared_runtime())
         self.services = Services.from_settings(
@@ -503,7 +506,8 @@ def replay(
         run_id=recorded.run_id,
         workflow_id=recorded.workflow_id,
     )
-    record.history = list(recorded.history)
+    for event in recorded.history:
+        record.history.append(event)
     ref = RunRef(storage.tenant_id, recorded.workflow_id, recorded.run_id, "replayer", 0)
     info = RunInfo(
         ref=ref,

@@ -243,3 +243,43 @@ def test_a_bad_setting_is_refused_with_its_name() -> None:
             pytest.raises(ImproperlyConfigured, match="CLEAT_COMPACT_AFTER_EVENTS"),
         ):
             compact_after_events()
+
+
+# --- the in-memory store applies the same rule (engine.inmemory.History) ----------------------
+
+
+def test_the_in_memory_store_compacts_by_the_same_rule(tenant: Tenant) -> None:
+    """engine.testing's environment with compaction on: the run keeps only its tail as events
+    after its checkpoint, ends as its uncompacted twin, and a changed module replayed over the
+    compacted prefix is still caught, naming the step."""
+    from tests.integration.support.environments import MemoryEnvironment
+
+    steps, every = 600, 100
+    wasm = long_counter(steps, segment=120).wasm()
+    runs: dict[int, tuple[MemoryEnvironment, str]] = {}
+    for threshold in (0, every):
+        memory = MemoryEnvironment(compact_after_events=threshold)
+        memory.deploy("long", wasm)
+        run = memory.start("long")
+        memory.run_until_idle()
+        while memory.status(run) == "ready":
+            memory.advance(seconds=1)
+        runs[threshold] = (memory, run)
+    (plain_env, twin), (env_, run) = runs[0], runs[every]
+    assert env_.result(run) == plain_env.result(twin) == [steps]
+    stored = env_.storage.runs[run].history
+    assert stored.compacted > 0 and len(stored.tail) < every
+    assert env_.describe(run)["compacted_events"] == stored.compacted
+    assert plain_env.storage.runs[twin].history.compacted == 0
+    ids = env_.describe(run)["workflow_id"], plain_env.describe(twin)["workflow_id"]
+    assert comparable(list(stored), ids[0]) == comparable(
+        list(plain_env.storage.runs[twin].history), ids[1]
+    )
+    env_.assert_replays(run)
+    # A module that drifts at an increment inside the checkpoint is caught at that step.
+    from engine.errors import ErrorCode
+
+    env_.replace_module("long", 1, long_counter(steps, segment=120, drift_at=10).wasm())
+    replayed = env_.replay(run)
+    assert replayed.outcome.code == ErrorCode.NONDETERMINISM  # type: ignore[union-attr]
+    assert "non-determinism at step 10:" in replayed.outcome.message  # type: ignore[union-attr]

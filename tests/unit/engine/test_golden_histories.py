@@ -49,7 +49,8 @@ def replay(golden: dict[str, Any], plugins: UntouchablePlugins) -> SegmentResult
         run_id=golden["run_id"],
         workflow_id=golden["workflow_id"],
     )
-    record.history = history_from_json(golden["history"])
+    for event in history_from_json(golden["history"]):
+        record.history.append(event)
     return env.replay(record.run_id)
 
 
