@@ -374,7 +374,7 @@ def test_rotate_keys_reseals_old_keys_and_plaintext_and_check_counts_them(
 ) -> None:
     both = {"CLEAT_ENCRYPTION_KEYS": json.dumps({"k1": K1, "k2": K2})}
     with keys():
-        run, _ = drive_every_payload(env)
+        run, _ = drive_every_payload(env, compact=True)  # the checkpoint is re-sealed too
     # Written with encryption off (as before it was turned on): plaintext rows.
     before = env.start("vault", {"card": "written without a key"})
     stored = sealed_with(tenant)
