@@ -85,6 +85,7 @@ from engine.errors import (
 )
 from engine.events import EncodedEvent, UpdateAppliedEvent
 from engine.ffi import NO_FINALIZER, CallerContext
+from engine.module_cache import description_path
 from engine.outcomes import AppliedUpdate, Outcome, SegmentResult, failed
 from engine.services import Services
 from engine.session import ExecutionSession, Reply, RunInfo
@@ -625,11 +626,6 @@ def _guest_output(stream: str, session: ComponentSession | None) -> Callable[[by
 # --- loading -------------------------------------------------------------------------------
 
 
-def _description_path(artifact: Path) -> Path:
-    """Beside a cached artifact: what ``describe`` found, so a disk hit needs no instance."""
-    return artifact.with_suffix(".guest.json")
-
-
 def _description_json(guest: GuestInfo, imports: tuple[str, ...]) -> bytes:
     data = {
         "abi_version": guest.abi_version,
@@ -726,7 +722,7 @@ class ComponentBackend:
                 component = wc.Component.deserialize_file(self.engine, str(path))
                 cache.disk_hits += 1
                 cache.touch(path)
-                described = _read_description(_description_path(path))
+                described = _read_description(description_path(path))
             except wasmtime.WasmtimeError:
                 log.warning("discarding unreadable cached component %s", path)
                 path.unlink(missing_ok=True)
@@ -757,7 +753,7 @@ class ComponentBackend:
         if described is None:
             described = self.describe(component)
             if path is not None:
-                cache.store_artifact(_description_path(path), _description_json(*described))
+                cache.store_artifact(description_path(path), _description_json(*described))
                 cache.prune_disk(keep=sha)
         else:
             # Checked when the artifact was cached (same sha256): only link what it imports.

@@ -40,9 +40,15 @@ class SharedArtifacts(Protocol):
     def publish(self, name: str, data: bytes) -> None: ...
 
 
+def description_path(artifact: Path) -> Path:
+    """Beside a cached artifact: what a component backend's ``describe`` found, so a disk
+    hit needs no instance."""
+    return artifact.with_suffix(".guest.json")
+
+
 def _companions(path: Path) -> tuple[Path, ...]:
     """An artifact and what a backend keeps beside it (a component's description)."""
-    return (path, path.with_suffix(".guest.json"))
+    return (path, description_path(path))
 
 
 class ModuleCache:

@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 from django.apps import AppConfig
@@ -17,12 +18,8 @@ class WorkflowsConfig(AppConfig):
         from workflows import celery_calls, dispatch, duties, faults, retention, version_duty
         from workflows.maintenance import reaper_duty, wake_sweep_duty
 
-        checks.register(check_fetch_allow_list)
-        checks.register(check_retention_settings)
-        checks.register(check_tracing_settings)
-        checks.register(check_wake_sweep_setting)
-        checks.register(check_encryption_settings)
-        checks.register(check_dispatch_mode)
+        for check in CONFIGURATION_CHECKS:
+            checks.register(check)
         celery_calls.register()
         # First, so a pass of the loop reaps before the apps' duties (and the claim) run.
         duties.register("reaper", reaper_duty)
@@ -38,16 +35,6 @@ class WorkflowsConfig(AppConfig):
         )
 
 
-CONFIGURATION_CHECKS: tuple[str, ...] = (
-    "check_fetch_allow_list",
-    "check_retention_settings",
-    "check_tracing_settings",
-    "check_wake_sweep_setting",
-    "check_encryption_settings",
-    "check_dispatch_mode",
-)
-
-
 def refuse_bad_configuration() -> None:
     """Run cleat's configuration checks and refuse to start on an error: a web server
     (gunicorn, uvicorn) runs no system checks, and would otherwise answer every request that
@@ -55,8 +42,8 @@ def refuse_bad_configuration() -> None:
     from django.core.exceptions import ImproperlyConfigured
 
     found: list[checks.CheckMessage] = []
-    for name in CONFIGURATION_CHECKS:
-        found += globals()[name]()
+    for check in CONFIGURATION_CHECKS:
+        found += check()
     errors = [m for m in found if m.level >= checks.ERROR]
     if errors:
         raise ImproperlyConfigured("; ".join(f"{m.obj}: {m.msg} ({m.id})" for m in errors))
@@ -143,3 +130,15 @@ def check_dispatch_mode(app_configs: Any = None, **kwargs: Any) -> list[checks.C
     except ImproperlyConfigured as exc:
         return [checks.Error(str(exc), id="workflows.E006", obj="CLEAT_DISPATCH")]
     return []
+
+
+# cleat's configuration checks: registered as system checks (manage.py check, runworker) and
+# run by the web entry points at start-up (refuse_bad_configuration).
+CONFIGURATION_CHECKS: tuple[Callable[..., list[checks.CheckMessage]], ...] = (
+    check_fetch_allow_list,
+    check_retention_settings,
+    check_tracing_settings,
+    check_wake_sweep_setting,
+    check_encryption_settings,
+    check_dispatch_mode,
+)
