@@ -24,6 +24,7 @@ from django.db import connection
 
 from engine.services import CallContext
 from engine.status import AbiStatus
+from tests.integration.support.celery_workers import free_port
 from tests.integration.support.fake_vault import FakeVault, fake_vault
 from workflows import secrets
 
@@ -80,15 +81,9 @@ def test_a_rotated_secret_is_read_again_after_its_time_to_live(tmp_path: Path) -
 # --- AWS Secrets Manager (moto's standalone server) -------------------------------------------
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 @pytest.fixture
 def moto_server(monkeypatch: pytest.MonkeyPatch, settings: Any) -> Iterator[str]:
-    port = _free_port()
+    port = free_port()
     binary = Path(sys.executable).with_name("moto_server")
     proc = subprocess.Popen(
         [str(binary), "-H", "127.0.0.1", "-p", str(port)],
