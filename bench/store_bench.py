@@ -267,10 +267,18 @@ class Throughput:
     busy_s: float  # from the first claim until the last run completed
     ok: bool
     note: str = ""
+    # CPU seconds spent on the run: by the worker processes, and by the local PostgreSQL
+    # server (NaN when it is not local)
+    worker_cpu_s: float = float("nan")
+    database_cpu_s: float = float("nan")
 
     @property
     def steps_per_s(self) -> float:
         return self.workflows * self.steps / self.wall_s
+
+    @property
+    def total_steps(self) -> int:
+        return self.workflows * self.steps
 
     @property
     def workflows_per_s(self) -> float:
@@ -279,6 +287,47 @@ class Throughput:
     @property
     def busy_steps_per_s(self) -> float:
         return self.workflows * self.steps / self.busy_s if self.busy_s else 0.0
+
+
+_CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
+
+
+def _proc_stat(pid: str) -> list[str] | None:
+    try:
+        text = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return None
+    # the command is in parentheses and may hold spaces: the fields after it are plain
+    head, _, rest = text.rpartition(")")
+    return [head.partition("(")[2], *rest.split()]
+
+
+def database_cpu_seconds() -> float:
+    """CPU seconds the local PostgreSQL server has used: its live processes, plus the
+    backends that have exited (counted in the postmaster's children times). NaN when no
+    ``postgres`` process is visible (a remote server)."""
+    total = 0
+    seen = False
+    pids = [p for p in os.listdir("/proc") if p.isdigit()]
+    stats = {pid: _proc_stat(pid) for pid in pids}
+    postgres = {pid for pid, st in stats.items() if st is not None and st[0] == "postgres"}
+    for pid in postgres:
+        st = stats[pid]
+        assert st is not None
+        # fields after the command: state ppid ... utime(12) stime(13) cutime(14) cstime(15)
+        total += int(st[12]) + int(st[13])
+        if st[2] not in postgres:  # the postmaster: add the exited backends
+            total += int(st[14]) + int(st[15])
+        seen = True
+    return total / _CLOCK_TICKS if seen else float("nan")
+
+
+def children_cpu_seconds() -> float:
+    """CPU seconds of this process's waited-for children (and theirs)."""
+    import resource
+
+    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return usage.ru_utime + usage.ru_stime
 
 
 def cleat_throughput(
@@ -290,6 +339,7 @@ def cleat_throughput(
     cleat.reset()
     cleat.start_many(workflows, steps)
     connections.close_all()
+    database_cpu, worker_cpu = database_cpu_seconds(), children_cpu_seconds()
     spawn = timezone.now()
     proc = cleat.runworker(
         "--processes",
@@ -300,6 +350,8 @@ def cleat_throughput(
         log=f"cleat-throughput-p{processes}-c{concurrency}.log",
     )
     code = proc.wait(timeout=1800)
+    database_cpu = database_cpu_seconds() - database_cpu
+    worker_cpu = children_cpu_seconds() - worker_cpu
     info = cleat.summary()
     ok = (
         code == 0
@@ -318,6 +370,8 @@ def cleat_throughput(
         (last - info["first_claim"]).total_seconds() if info["first_claim"] else 0.0,
         ok,
         "" if ok else f"exit {code}, {info}",
+        worker_cpu,
+        database_cpu,
     )
 
 
@@ -1074,7 +1128,9 @@ def main(argv: Sequence[str] | None = None) -> None:
                     f"cleat  {n} proc x {args.concurrency}: {t.wall_s:.2f} s, "
                     f"{t.steps_per_s:.0f} steps/s, {t.workflows_per_s:.1f} wf/s "
                     f"(from first claim: {t.busy_steps_per_s:.0f} steps/s) "
-                    f"{'ok' if t.ok else 'FAILED ' + t.note} [load {_load()}]",
+                    f"{'ok' if t.ok else 'FAILED ' + t.note} [load {_load()}]\n"
+                    f"       CPU per step: worker {t.worker_cpu_s / t.total_steps * 1e3:.3f} ms, "
+                    f"database {t.database_cpu_s / t.total_steps * 1e3:.3f} ms",
                     flush=True,
                 )
         if "latency" in parts and args.latency_runs > 0:

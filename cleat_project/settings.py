@@ -314,9 +314,6 @@ CLEAT_PLUGIN_COOLDOWN_SECONDS = env.float("CLEAT_PLUGIN_COOLDOWN_SECONDS", defau
 CLEAT_TRACING = env.str("CLEAT_TRACING", default="off")
 CLEAT_OTLP_ENDPOINT = env.str("CLEAT_OTLP_ENDPOINT", default="")
 CLEAT_TRACING_SERVICE_NAME = env.str("CLEAT_TRACING_SERVICE_NAME", default="cleat")
-# A waiting run re-checks its wait at least this often: the last resort for a wake-up lost to
-# a crash, which the wake sweep finds within seconds. Each re-check is a segment, so 100,000
-# waiting runs at an hour cost ~28 segments/s (at 5 minutes: 333).
 # The web /metrics' backlog gauges per task queue and definition (their names are the
 # tenants' own, and /metrics needs no key): off, one series for the fleet.
 CLEAT_METRICS_BACKLOG_LABELS = env.bool("CLEAT_METRICS_BACKLOG_LABELS", default=False)
@@ -329,8 +326,20 @@ CLEAT_VERSION_CHECK_INTERVAL_SECONDS = env.float(
     "CLEAT_VERSION_CHECK_INTERVAL_SECONDS", default=86400.0
 )
 CLEAT_VERSION_GC = env.bool("CLEAT_VERSION_GC", default=False)
+# Adaptive group commit (PostgreSQL; workflows/store/group_commit.py): above this many
+# per-step appends per second in a worker process, the appends of its running segments are
+# written in shared transactions, each closed at MAX_EVENTS events, after MAX_WAIT_MS, or as
+# soon as every running segment waits for it (0: always batched); below half of it each is
+# written on its own. CLEAT_GROUP_COMMIT=false: always on its own.
+CLEAT_GROUP_COMMIT = env.bool("CLEAT_GROUP_COMMIT", default=True)
+CLEAT_GROUP_COMMIT_MIN_RATE = env.float("CLEAT_GROUP_COMMIT_MIN_RATE", default=200.0)
+CLEAT_GROUP_COMMIT_MAX_EVENTS = env.int("CLEAT_GROUP_COMMIT_MAX_EVENTS", default=64)
+CLEAT_GROUP_COMMIT_MAX_WAIT_MS = env.float("CLEAT_GROUP_COMMIT_MAX_WAIT_MS", default=2.0)
 # Threads one batch of durable calls (ctx.gather, durable_call_many) is made on.
 CLEAT_MAX_PARALLEL_CALLS = env.int("CLEAT_MAX_PARALLEL_CALLS", default=8)
+# A waiting run re-checks its wait at least this often: the last resort for a wake-up lost to
+# a crash, which the wake sweep finds within seconds. Each re-check is a segment, so 100,000
+# waiting runs at an hour cost ~28 segments/s (at 5 minutes: 333).
 CLEAT_WAIT_RECHECK_SECONDS = env.float("CLEAT_WAIT_RECHECK_SECONDS", default=3600.0)
 # The wake sweep: every this many seconds each worker (or beat) wakes waiting runs whose
 # wake-up a crash lost between the satisfying commit and the wake (0: off; the re-check then).

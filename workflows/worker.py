@@ -40,7 +40,7 @@ from workflows import duties
 from workflows.executor import SegmentReport, execute_claim, get_services
 from workflows.maintenance import maintenance_on_beat
 from workflows.redaction import redacted_text
-from workflows.store import invocations
+from workflows.store import group_commit, invocations
 from workflows.store import workers as registry
 from workflows.store.lifecycle import (
     Claim,
@@ -303,7 +303,13 @@ class Worker:
                 self._listener = None
             self._unregister()
             close_old_connections()
-            log.info("event=worker_stopped worker=%s processed=%d", opts.worker_id, self.processed)
+            group = group_commit.committer()
+            log.info(
+                "event=worker_stopped worker=%s processed=%d %s",
+                opts.worker_id,
+                self.processed,
+                group.summary() if group is not None else "group_commit=off",
+            )
         return self.processed
 
     def _run_duties(self) -> None:

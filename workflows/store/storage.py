@@ -81,7 +81,7 @@ from workflows.models import (
     UpdateRequest as UpdateRequestRow,
 )
 from workflows.policies import quotas_for, require_signal_auth
-from workflows.store import crons, wake
+from workflows.store import crons, group_commit, wake
 from workflows.store.sql import queries
 from workflows.tenancy import tenant_context
 
@@ -255,7 +255,10 @@ class DjangoStorage:
 
     def append_events(self, run: RunRef, events: Sequence[Event]) -> None:
         now = self.now()
-        if not fenced_append(self.tenant_id, run, events, now):
+        committed = group_commit.append(self.tenant_id, run, events, now)
+        if committed is None:  # not batched (or its batch failed): in a transaction of its own
+            committed = fenced_append(self.tenant_id, run, events, now)
+        if not committed:
             with tenant_context(self.tenant_id):
                 count = lock_fenced(run)
                 append_locked(run, count, events, now)

@@ -57,6 +57,39 @@ WITH fence AS (
 ), {APPEND_FROM_FENCE_SQL}
 SELECT count(*) FROM fence
 """
+# PostgreSQL: the fenced append of several runs of one tenant in one statement (the group
+# commit, store.group_commit). The first parameter lists each run (JSON: id, the first new
+# step, the count after it, owner, generation, heartbeat) and the last every event (JSON,
+# ``run`` naming its run): two text parameters, because quoting arrays of parameters in
+# Python cost the worker more than the statement. The UPDATE matches only the rows whose
+# fence holds and locks them, and the INSERT writes the events of the matched runs only. A
+# run whose fence does not match is left out of both; the statement returns the ids of the
+# runs it wrote.
+_FENCED_APPEND_MANY_SQL = f"""
+WITH fence AS (
+    UPDATE {WorkflowInstance._meta.db_table} AS i
+       SET event_count = c.next, heartbeat_at = c.now
+      FROM json_to_recordset(%s::json)
+           AS c(id uuid, first integer, next integer, worker varchar, generation integer,
+                now timestamptz)
+     WHERE i.id = c.id AND i.tenant_id = %s AND i.assigned_to = c.worker
+       AND i.generation = c.generation AND i.status = %s AND i.event_count = c.first
+    RETURNING i.id, i.tenant_id
+), appended AS (
+    INSERT INTO {WorkflowEvent._meta.db_table}
+           (tenant_id, instance_id, step, type_code, payload, timestamp_ms, checksum,
+            intent_at, created_at)
+    SELECT fence.tenant_id, fence.id, e.step, e.type_code, e.payload, e.ts, e.checksum,
+           e.intent_at, e.created_at
+      FROM fence
+      JOIN json_to_recordset(%s::json)
+           AS e(run uuid, step integer, type_code smallint, payload text, ts bigint,
+                checksum varchar, intent_at timestamptz, created_at timestamptz)
+        ON e.run = fence.id
+    RETURNING 1
+)
+SELECT id FROM fence
+"""
 # Outside a transaction, with client-side binding (Django's default for psycopg 3), the
 # tenant and the statement go in one simple-protocol message: PostgreSQL runs the statements
 # of one message as one implicit transaction (set_config(..., true) is local to it; an error
@@ -177,6 +210,7 @@ QUERIES = {
     "set_tenant": SET_TENANT,
     "set_tenant_in_message": SET_TENANT_SQL,
     "fenced_append": _FENCED_APPEND_SQL,
+    "fenced_append_many": _FENCED_APPEND_MANY_SQL,
     "load_run": _LOAD_SQL,
     "finalize_done": _FINALIZE_DONE_SQL,
     "claim_ready": CLAIM_READY,

@@ -1,0 +1,335 @@
+"""The adaptive group commit (workflows/store/group_commit.py): the per-step appends of the
+runs a worker process executes, written together in shared transactions on PostgreSQL.
+
+The gathering rules (mode switch, when a batch closes, a failed batch) are checked with the
+writer replaced; the rest against the database: several runs' appends in one transaction,
+a lost fence failing only its run's writes, durability (an append returns only once its
+events are committed), and a whole worker run with every append batched. On SQLite and
+MariaDB the same worker scenario runs with each append written directly.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+import uuid
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+import wasmtime
+from django.db import DatabaseError, connection, connections
+
+from bench.engine_bench import STEPS_WAT
+from engine.errors import FenceLost
+from engine.events import DurableLogEvent
+from engine.storage import RunRef
+from workflows.store import group_commit
+from workflows.store.group_commit import GroupCommit, Settings, next_mode
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+
+@pytest.fixture
+def committer(settings: Any) -> Iterator[Any]:
+    """The process's group commit made again from the test's settings, and forgotten after."""
+
+    def make(**values: Any) -> GroupCommit | None:
+        for name, value in values.items():
+            setattr(settings, f"CLEAT_GROUP_COMMIT_{name.upper()}", value)
+        group_commit.reset()
+        return group_commit.committer()
+
+    yield make
+    group_commit.reset()
+
+
+# --- the rules, with the writer replaced ---------------------------------------------------------
+
+
+def test_the_mode_switches_up_at_the_threshold_and_down_below_half_of_it() -> None:
+    assert next_mode(False, 199.0, 200.0) is False
+    assert next_mode(False, 200.0, 200.0) is True
+    assert next_mode(True, 150.0, 200.0) is True  # hysteresis: stays batched
+    assert next_mode(True, 99.0, 200.0) is False
+    assert next_mode(False, 0.0, 0.0) is True  # threshold 0: always batched
+
+
+def _ref(i: int) -> RunRef:
+    return RunRef(str(uuid.uuid4()), "d", f"run-{i}", "w", 1)
+
+
+def _event(step: int) -> DurableLogEvent:
+    return DurableLogEvent(step=step, ts=1, message="m")
+
+
+class _Recorder:
+    """Stands in for ``write_batch``: records each batch; matches every run but ``lost``."""
+
+    def __init__(self, lost: str = "", fail: bool = False) -> None:
+        self.batches: list[list[str]] = []
+        self.lost, self.fail = lost, fail
+
+    def __call__(self, batch: Any) -> set[str]:
+        self.batches.append([item.ref.run_id for item in batch])
+        if self.fail:
+            raise DatabaseError("deadlock detected")
+        return {item.ref.run_id for item in batch} - {self.lost}
+
+
+def _appends_together(
+    group: GroupCommit, runs: int, monkeypatch: Any, recorder: _Recorder
+) -> dict[str, Any]:
+    """``runs`` threads, each in a segment, append one event at the same moment."""
+    monkeypatch.setattr(group_commit, "write_batch", recorder)
+    monkeypatch.setattr(group_commit, "_can_batch", lambda: True)
+    results: dict[str, Any] = {}
+    barrier = threading.Barrier(runs)
+
+    def one(i: int) -> None:
+        ref = _ref(i)
+        with group.segment():
+            barrier.wait()
+            results[ref.run_id] = group.append(uuid.uuid4(), ref, [_event(0)], _now())
+
+    threads = [threading.Thread(target=one, args=(i,)) for i in range(runs)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(10)
+    return results
+
+
+def _now() -> Any:
+    from django.utils import timezone
+
+    return timezone.now()
+
+
+def test_a_batch_closes_when_every_running_segment_waits(monkeypatch: Any) -> None:
+    """Eight segments, a wait of a minute: the batch does not wait for its time to run out,
+    because no one else could join it."""
+    group = GroupCommit(Settings(enabled=True, min_rate=0, max_events=64, max_wait_s=60.0))
+    recorder = _Recorder()
+    started = time.monotonic()
+    results = _appends_together(group, 8, monkeypatch, recorder)
+    assert time.monotonic() - started < 30
+    assert sorted(results.values()) == [True] * 8
+    assert sum(len(b) for b in recorder.batches) == 8
+    assert len(recorder.batches) < 8  # they shared transactions
+    assert group.totals["batched"] == 8
+
+
+def test_a_batch_closes_at_its_event_limit(monkeypatch: Any) -> None:
+    group = GroupCommit(Settings(enabled=True, min_rate=0, max_events=2, max_wait_s=60.0))
+    recorder = _Recorder()
+    results = _appends_together(group, 6, monkeypatch, recorder)
+    assert sorted(results.values()) == [True] * 6
+    assert max(len(b) for b in recorder.batches) <= 2
+
+
+def test_a_lone_append_waits_no_longer_than_the_wait(monkeypatch: Any) -> None:
+    """One segment appends while another runs on without appending: the batch closes after
+    the wait, holding the one append."""
+    group = GroupCommit(Settings(enabled=True, min_rate=0, max_events=64, max_wait_s=0.05))
+    recorder = _Recorder()
+    monkeypatch.setattr(group_commit, "write_batch", recorder)
+    monkeypatch.setattr(group_commit, "_can_batch", lambda: True)
+    with group.segment(), group.segment():  # two running, only one appends
+        started = time.monotonic()
+        assert group.append(uuid.uuid4(), _ref(0), [_event(0)], _now()) is True
+        waited = time.monotonic() - started
+    assert 0.04 <= waited < 5
+    assert len(recorder.batches) == 1
+
+
+def test_a_lost_fence_fails_only_its_runs_writes(monkeypatch: Any) -> None:
+    group = GroupCommit(Settings(enabled=True, min_rate=0, max_events=64, max_wait_s=60.0))
+    recorder = _Recorder(lost="run-3")
+    results = _appends_together(group, 5, monkeypatch, recorder)
+    assert results.pop("run-3") is False
+    assert list(results.values()) == [True] * 4
+
+
+def test_a_failed_batch_sends_each_append_to_be_written_directly(monkeypatch: Any) -> None:
+    group = GroupCommit(Settings(enabled=True, min_rate=0, max_events=64, max_wait_s=60.0))
+    results = _appends_together(group, 4, monkeypatch, _Recorder(fail=True))
+    assert list(results.values()) == [None] * 4
+    assert group.totals["fallback"] == 4
+
+
+def test_below_the_threshold_each_append_is_direct_and_above_it_batched(
+    monkeypatch: Any,
+) -> None:
+    group = GroupCommit(Settings(enabled=True, min_rate=1000, max_events=64, max_wait_s=0.0))
+    monkeypatch.setattr(group_commit, "write_batch", _Recorder())
+    monkeypatch.setattr(group_commit, "_can_batch", lambda: True)
+    ref = _ref(0)
+    assert group.append(uuid.uuid4(), ref, [_event(0)], _now()) is None  # slow: direct
+    deadline = time.monotonic() + 5
+    while not group.batched and time.monotonic() < deadline:  # fast: batched after a window
+        group.append(uuid.uuid4(), ref, [_event(0)], _now())
+    assert group.batched
+    assert group.append(uuid.uuid4(), ref, [_event(0)], _now()) is True
+    time.sleep(group_commit.RATE_WINDOW_S * 2)
+    group.append(uuid.uuid4(), ref, [_event(0)], _now())  # a slow window: direct again
+    assert not group.batched
+    assert group.totals["direct"] >= 2
+
+
+# --- against the database ------------------------------------------------------------------------
+
+
+def _claimed_runs(tenant: Any, count: int, worker: str) -> list[RunRef]:
+    from workflows.definitions import deploy_definition
+    from workflows.services import start_workflow
+    from workflows.store.lifecycle import claim_ready_instances, load_run
+
+    deploy_definition(tenant, "steps", wasmtime.wat2wasm(STEPS_WAT))
+    for _ in range(count):
+        start_workflow(tenant, "steps", 3)
+    refs = []
+    for claim in claim_ready_instances(worker, ["default"], count, _now()):
+        loaded = load_run(claim, worker)
+        assert loaded is not None
+        refs.append(loaded.ref)
+    assert len(refs) == count
+    return refs
+
+
+def _stored_steps(tenant: Any, run_id: str) -> list[int]:
+    from workflows.models import WorkflowEvent
+    from workflows.tenancy import tenant_context
+
+    with tenant_context(tenant.id):
+        return list(
+            WorkflowEvent.objects.filter(instance_id=run_id)
+            .order_by("step")
+            .values_list("step", flat=True)
+        )
+
+
+@pytest.mark.postgres_only  # the shared transactions are PostgreSQL's; elsewhere: direct
+def test_runs_appending_together_share_a_transaction_and_a_lost_fence_fails_alone(
+    tenant: Any, committer: Any
+) -> None:
+    from workflows.models import WorkflowInstance
+    from workflows.store.storage import DjangoStorage
+    from workflows.tenancy import tenant_context
+
+    group = committer(min_rate=0, max_wait_ms=30_000)
+    assert group is not None
+    refs = _claimed_runs(tenant, 5, "gc")
+    lost = refs[2]
+    with tenant_context(tenant.id):  # reaped and claimed again elsewhere meanwhile
+        WorkflowInstance.objects.filter(id=lost.run_id).update(generation=lost.generation + 1)
+    storage = DjangoStorage(tenant.id)
+    barrier = threading.Barrier(len(refs))
+    outcome: dict[str, Any] = {}
+
+    def one(ref: RunRef) -> None:
+        try:
+            with group.segment():
+                barrier.wait()
+                storage.append_events(ref, [_event(0), _event(1)])
+            outcome[ref.run_id] = "ok"
+        except FenceLost as exc:
+            outcome[ref.run_id] = exc
+        finally:
+            connections.close_all()
+
+    threads = [threading.Thread(target=one, args=(ref,)) for ref in refs]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(30)
+    assert isinstance(outcome.pop(lost.run_id), FenceLost)
+    assert list(outcome.values()) == ["ok"] * 4
+    assert _stored_steps(tenant, lost.run_id) == []
+    for ref in refs:
+        if ref is not lost:
+            assert _stored_steps(tenant, ref.run_id) == [0, 1]
+    assert group.totals["batched"] == 5
+    assert group.totals["batches"] < 5  # shared
+
+
+@pytest.mark.postgres_only  # the shared transactions are PostgreSQL's; elsewhere: direct
+def test_an_append_returns_only_once_its_events_are_committed(tenant: Any, committer: Any) -> None:
+    """What a run does after its append (the guest's next call, a reply to a client) may
+    rely on the event: another connection already sees it."""
+    from workflows.store.storage import DjangoStorage
+
+    group = committer(min_rate=0)
+    assert group is not None
+    [ref] = _claimed_runs(tenant, 1, "gc")
+    DjangoStorage(tenant.id).append_events(ref, [_event(0)])
+    assert group.totals["batched"] == 1
+    seen: list[list[int]] = []
+
+    def look() -> None:
+        seen.append(_stored_steps(tenant, ref.run_id))
+        connections.close_all()
+
+    reader = threading.Thread(target=look)
+    reader.start()
+    reader.join(30)
+    assert seen == [[0]]
+
+
+@pytest.mark.postgres_only  # the shared transactions are PostgreSQL's; elsewhere: direct
+def test_a_batch_the_database_refuses_is_written_directly(
+    tenant: Any, committer: Any, monkeypatch: Any
+) -> None:
+    from workflows.store.sql import postgresql
+    from workflows.store.storage import DjangoStorage
+
+    group = committer(min_rate=0)
+    assert group is not None
+    [ref] = _claimed_runs(tenant, 1, "gc")
+    broken = dict(postgresql.QUERIES, fenced_append_many="SELECT no_such_column FROM fence")
+    real = group_commit.queries
+    monkeypatch.setattr(
+        group_commit,
+        "queries",
+        lambda conn: broken if conn.vendor == "postgresql" else real(conn),
+    )
+    DjangoStorage(tenant.id).append_events(ref, [_event(0), _event(1)])
+    assert group.totals["fallback"] == 1
+    assert _stored_steps(tenant, ref.run_id) == [0, 1]
+
+
+def test_a_worker_with_every_append_batched_loses_nothing(tenant: Any, committer: Any) -> None:
+    """40 runs of 5 steps through a worker with 8 segment threads, group commit always on.
+    On PostgreSQL the appends share transactions; on the other stores each is written on
+    its own (the statements are PostgreSQL's): the same outcome either way."""
+    from engine.services import Services
+    from workflows.definitions import deploy_definition
+    from workflows.executor import set_services
+    from workflows.models import RunStatus, WorkflowInstance
+    from workflows.services import start_workflow
+    from workflows.tenancy import tenant_context
+    from workflows.worker import Worker, WorkerOptions
+
+    group = committer(min_rate=0)
+    assert group is not None
+    set_services(Services.from_settings({"bench": lambda request, **_: {}}))
+    try:
+        deploy_definition(tenant, "steps", wasmtime.wat2wasm(STEPS_WAT))
+        runs = [start_workflow(tenant, "steps", 5)[0] for _ in range(40)]
+        Worker(WorkerOptions(worker_id="gc-worker", concurrency=8, burst=True)).run()
+    finally:
+        set_services(None)
+    with tenant_context(tenant.id):
+        rows = list(
+            WorkflowInstance.objects.filter(id__in=[r.id for r in runs]).values_list(
+                "status", "event_count"
+            )
+        )
+    assert rows == [(RunStatus.DONE, 5)] * 40
+    for run in runs:
+        assert _stored_steps(tenant, str(run.id)) == [0, 1, 2, 3, 4]
+    if connection.vendor == "postgresql":
+        assert group.totals["batched"] == 200
+        assert group.totals["direct"] == 0
+    else:
+        assert group.totals["batched"] == 0
