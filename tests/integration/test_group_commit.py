@@ -280,19 +280,22 @@ def test_an_append_returns_only_once_its_events_are_committed(tenant: Any, commi
 def test_a_batch_the_database_refuses_is_written_directly(
     tenant: Any, committer: Any, monkeypatch: Any
 ) -> None:
-    from workflows.store.sql import postgresql
     from workflows.store.storage import DjangoStorage
 
     group = committer(min_rate=0)
     assert group is not None
     [ref] = _claimed_runs(tenant, 1, "gc")
-    broken = dict(postgresql.QUERIES, fenced_append_many="SELECT no_such_column FROM fence")
-    real = group_commit.queries
-    monkeypatch.setattr(
-        group_commit,
-        "queries",
-        lambda conn: broken if conn.vendor == "postgresql" else real(conn),
-    )
+    real = group_commit.write_batch
+    calls: list[int] = []
+
+    def refused_once(batch: Any) -> set[str]:
+        calls.append(len(batch))
+        if len(calls) == 1:  # the batch: the server refuses its statement
+            with connection.cursor() as cursor:
+                cursor.execute("SELECT no_such_column FROM workflows_workflowinstance")
+        return real(batch)
+
+    monkeypatch.setattr(group_commit, "write_batch", refused_once)
     DjangoStorage(tenant.id).append_events(ref, [_event(0), _event(1)])
     assert group.totals["fallback"] == 1
     assert _stored_steps(tenant, ref.run_id) == [0, 1]

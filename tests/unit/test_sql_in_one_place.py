@@ -85,7 +85,7 @@ def test_what_each_dialect_says_itself() -> None:
 
     assert {
         "set_tenant",
-        "fenced_append",
+        "append_events",
         "load_run",
         "finalize_done",
         "claim_ready",

@@ -18,9 +18,9 @@ How it works, for each append (``DjangoStorage.append_events`` asks :func:`appen
 - **In batches**, the first run to arrive leads: it waits until the batch holds
   ``CLEAT_GROUP_COMMIT_MAX_EVENTS`` events, or ``CLEAT_GROUP_COMMIT_MAX_WAIT_MS`` have passed,
   or every segment running in the process is waiting for a commit (no one else can join, so
-  waiting longer only adds latency). It then writes the whole batch in one message -- per
-  tenant of the batch, the tenant (RLS) and one statement (``fenced_append_many``) -- which
-  PostgreSQL runs as one transaction, while the next runs to arrive gather the next batch.
+  waiting longer only adds latency). It then writes the whole batch in one statement -- the
+  function ``cleat.append_events``, which sets each tenant of the batch in turn (RLS) -- and
+  so in one transaction, while the next runs to arrive gather the next batch.
 - **Each run's fence is checked in the same statement**: the UPDATE matches only the rows
   still claimed by this worker at the run's generation whose history ends right before the
   run's first new step, and the INSERT writes the events of the matched runs only. A run
@@ -28,11 +28,12 @@ How it works, for each append (``DjangoStorage.append_events`` asks :func:`appen
   writes are not made, its caller takes the general path, which tells those cases apart and
   raises ``FenceLost`` for that run alone; the other runs' writes commit.
 - **Durability is unchanged**: every caller returns only after its batch committed. When the
-  batch's message fails (a deadlock, a dropped connection), nothing of it was written -- one
-  implicit transaction -- and each caller writes its own append directly, as it would have
+  batch's statement fails (a deadlock, a dropped connection), nothing of it was written -- one
+  transaction -- and each caller writes its own append directly, as it would have
   without batching (a commit whose reply was lost is found by the general path: the steps
   already stored are skipped).
 
+A direct append goes through the same function, with one run (``storage.fenced_append``).
 Other databases write each append directly (their store says these statements through the
 ORM). The metrics are ``cleat_group_commit_*``.
 """
@@ -56,7 +57,7 @@ from prometheus_client import Counter, Histogram
 from engine.events import EncodedEvent, Event, encode
 from engine.storage import RunRef
 from workflows.crypto import seal_column
-from workflows.models import RunStatus, WorkflowEvent
+from workflows.models import WorkflowEvent
 from workflows.store.sql import queries
 
 RATE_WINDOW_S = 0.25
@@ -190,7 +191,7 @@ class GroupCommit:
                 APPENDS.labels("direct").inc()
                 self.totals["direct"] += 1
                 return None
-            item = _Append(tenant_id, ref, [encode(e) for e in events], events[0].step, now)
+            item = prepared(tenant_id, ref, events, now)
             self._waiting += 1
             while self._leading and self._open_events >= self.config.max_events:
                 self._cond.wait()  # the batch is full: join the next one
@@ -276,45 +277,25 @@ def _can_batch() -> bool:
     """The statements exist here (PostgreSQL) and this thread's connection is outside a
     transaction (the batch is one transaction of its own)."""
     return (
-        "fenced_append_many" in queries(connection)
+        "append_events" in queries(connection)
         and not connection.in_atomic_block
         and connection.get_autocommit()
     )
 
 
 def write_batch(batch: Sequence[_Append]) -> set[str]:
-    """One message: per tenant, the tenant and the fenced append of its runs. Returns the
-    ids of the runs whose fence matched (their events are committed with the message)."""
-    sql = queries(connection)
-    by_tenant: dict[uuid.UUID, list[_Append]] = {}
-    for item in batch:
-        by_tenant.setdefault(item.tenant_id, []).append(item)
-    text: list[str] = []
-    params: list[Any] = []
-    for tenant_id, items in by_tenant.items():
-        text.append(sql["set_tenant_in_message"] + sql["fenced_append_many"])
-        params += [str(tenant_id), *_many_params(tenant_id, items)]
-    matched: set[str] = set()
-    with connection.cursor() as cursor:
-        cursor.execute(";\n".join(text), params)
-        for _ in by_tenant:
-            cursor.nextset()  # past the tenant's set_config
-            matched.update(str(row[0]) for row in cursor.fetchall())
-            cursor.nextset()
-    return matched
-
-
-def _many_params(tenant_id: uuid.UUID, items: Sequence[_Append]) -> list[Any]:
-    """The parameters of ``fenced_append_many`` (sql/postgresql.py) for one tenant's runs:
-    the runs and their events as two JSON documents."""
+    """The appends in one statement (``append_events``, sql/postgresql.py), one transaction
+    unless the caller is in one. Returns the ids of the runs whose fence matched (their
+    events are written)."""
     runs = []
     events = []
-    for item in items:
+    for item in batch:
         run_id = item.ref.run_id
         now = item.now.isoformat()
         runs.append(
             {
                 "id": run_id,
+                "tenant": str(item.tenant_id),
                 "first": item.first,
                 "next": item.first + len(item.stored),
                 "worker": item.ref.worker_id,
@@ -329,7 +310,7 @@ def _many_params(tenant_id: uuid.UUID, items: Sequence[_Append]) -> list[Any]:
                     "step": s.step,
                     "type_code": s.type_code,
                     "payload": seal_column(
-                        WorkflowEvent, "payload", tenant_id, (run_id, s.step), s.payload
+                        WorkflowEvent, "payload", item.tenant_id, (run_id, s.step), s.payload
                     ),
                     "ts": s.ts,
                     "checksum": s.checksum,
@@ -337,11 +318,18 @@ def _many_params(tenant_id: uuid.UUID, items: Sequence[_Append]) -> list[Any]:
                     "created_at": now,
                 }
             )
-    return [_json(runs), tenant_id, RunStatus.RUNNING, _json(events)]
+    with connection.cursor() as cursor:
+        cursor.execute(queries(connection)["append_events"], [_json(runs), _json(events)])
+        return {str(row[0]) for row in cursor.fetchall()}
 
 
 def _json(value: Any) -> str:
     return json.dumps(value, separators=(",", ":"), ensure_ascii=False)
+
+
+def prepared(tenant_id: uuid.UUID, ref: RunRef, events: Sequence[Event], now: datetime) -> _Append:
+    """One run's append, as :func:`write_batch` takes it."""
+    return _Append(tenant_id, ref, [encode(e) for e in events], events[0].step, now)
 
 
 _committer: GroupCommit | None = None

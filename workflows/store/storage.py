@@ -173,9 +173,9 @@ def contiguous(events: Sequence[Event]) -> bool:
 
 
 def append_params(ref: RunRef, stored: Sequence[EncodedEvent], now: datetime) -> list[Any]:
-    """The parameters of the events' INSERT shared by ``fenced_append`` and ``finalize_done``
-    (``APPEND_FROM_FENCE_SQL`` in sql/postgresql.py): ``created_at`` and the event arrays,
-    the payloads sealed here (the SQL takes them as they are stored)."""
+    """The parameters of the events' INSERT of ``finalize_done`` (``APPEND_FROM_FENCE_SQL``
+    in sql/postgresql.py): ``created_at`` and the event arrays, the payloads sealed here (the
+    SQL takes them as they are stored)."""
     return [
         now,
         [s.step for s in stored],
@@ -193,43 +193,16 @@ def append_params(ref: RunRef, stored: Sequence[EncodedEvent], now: datetime) ->
 def fenced_append(
     tenant_id: uuid.UUID, ref: RunRef, events: Sequence[Event], now: datetime
 ) -> bool:
-    """The common case of a per-step flush in one statement (PostgreSQL), in a transaction
-    of its own scoped to ``tenant_id``: ``events`` are consecutive and start exactly at the
-    stored count. True when they were appended and committed. False when nothing was
-    written -- not PostgreSQL, an unusual batch, or the row did not match (fence lost, a
-    gap, a retried flush): the caller then takes the general path (:func:`lock_fenced` +
-    :func:`append_locked`), which tells those cases apart."""
-    sql = queries(connection)
-    if "fenced_append" not in sql or not events:
+    """The common case of a per-step flush in one statement (PostgreSQL: the function
+    ``cleat.append_events``, with this one run), in the caller's transaction or else one of
+    its own: ``events`` are consecutive and start exactly at the stored count. True when they
+    were appended. False when nothing was written -- not PostgreSQL, an unusual batch, or the
+    row did not match (fence lost, a gap, a retried flush): the caller then takes the general
+    path (:func:`lock_fenced` + :func:`append_locked`), which tells those cases apart."""
+    if "append_events" not in queries(connection) or not events or not contiguous(events):
         return False
-    if not contiguous(events):
-        return False
-    first = events[0].step
-    stored = [encode(event) for event in events]
-    params = [
-        first + len(stored),
-        now,
-        ref.run_id,
-        ref.tenant_id,
-        ref.worker_id,
-        ref.generation,
-        RunStatus.RUNNING,
-        first,
-        *append_params(ref, stored, now),
-    ]
-    if not connection.in_atomic_block and connection.get_autocommit():
-        with connection.cursor() as cursor:
-            if client_side_binding(cursor):
-                cursor.execute(
-                    sql["set_tenant_in_message"] + sql["fenced_append"], [str(tenant_id), *params]
-                )
-                cursor.nextset()
-                row = cursor.fetchone()
-                return bool(row and row[0] == 1)
-    with tenant_context(tenant_id), connection.cursor() as cursor:
-        cursor.execute(sql["fenced_append"], params)
-        row = cursor.fetchone()
-    return bool(row and row[0] == 1)
+    item = group_commit.prepared(tenant_id, ref, events, now)
+    return ref.run_id in group_commit.write_batch([item])
 
 
 def client_side_binding(cursor: Any) -> bool:

@@ -28,14 +28,10 @@ from workflows.tenancy import TENANT_SETTING
 # tenant_context(): the setting's name and the tenant ('' for none), local to the transaction.
 SET_TENANT = "SELECT set_config(%s, %s, true)"
 
-# PostgreSQL: the fence and the append of a per-step flush in one statement. The UPDATE
-# matches only the claimed row (owner, generation, running) whose history ends right before
-# the first new step, and takes its row lock; the INSERT selects from its RETURNING, so it
-# inserts nothing unless the fence matched. RLS applies to both (the tenant is set first).
-#
-# The INSERT part is shared with the one-message finalize (``store.lifecycle``): a CTE named
-# ``appended`` inserting the events from a CTE ``fence`` (RETURNING ``id, tenant_id``), with
-# the parameters of :func:`append_params`.
+# PostgreSQL: the INSERT of the one-message finalize (``store.lifecycle``): a CTE named
+# ``appended`` inserting the events from a CTE ``fence`` (RETURNING ``id, tenant_id``) --
+# the claimed row, matched and locked -- with the parameters of :func:`append_params`; it
+# inserts nothing unless the fence matched.
 APPEND_FROM_FENCE_SQL = f"""appended AS (
     INSERT INTO {WorkflowEvent._meta.db_table}
            (tenant_id, instance_id, step, type_code, payload, timestamp_ms, checksum,
@@ -47,53 +43,78 @@ APPEND_FROM_FENCE_SQL = f"""appended AS (
                   %s::timestamptz[]) AS e(step, type_code, payload, ts, checksum, intent_at)
     RETURNING 1
 )"""
-_FENCED_APPEND_SQL = f"""
-WITH fence AS (
-    UPDATE {WorkflowInstance._meta.db_table}
-       SET event_count = %s, heartbeat_at = %s
-     WHERE id = %s AND tenant_id = %s AND assigned_to = %s AND generation = %s
-       AND status = %s AND event_count = %s
-    RETURNING id, tenant_id
-), {APPEND_FROM_FENCE_SQL}
-SELECT count(*) FROM fence
+# PostgreSQL: the fenced append of one or more runs' events, the per-step write (a run's
+# own, or the group commit's for several: store.group_commit), through the function below:
+# its statements are planned once per connection instead of at every step.
+APPEND_EVENTS = "SELECT id FROM cleat.append_events(%s, %s)"
+APPEND_EVENTS_SIGNATURE = "cleat.append_events(json, json)"
+# The first argument lists each run (JSON: id, tenant, the first new step, the count after
+# it, owner, generation, heartbeat), the second every event (``run`` naming its run): two
+# text parameters, because quoting arrays of parameters in Python cost the worker more than
+# the statement. For each tenant in turn (RLS: the function runs as its caller, and sets the
+# tenant as tenant_context() does, restoring the caller's at the end), the UPDATE matches
+# only the rows whose fence holds -- claimed by that owner at that generation, running, the
+# history ending right before the first new step -- and locks them, and the INSERT writes
+# the events of the matched runs only. A run whose fence does not match is left out of both;
+# the function returns the ids of the runs it wrote.
+APPEND_EVENTS_FUNCTION = f"""
+CREATE OR REPLACE FUNCTION {APPEND_EVENTS_SIGNATURE.replace("(json, json)", "")}(
+    p_runs json, p_events json)
+RETURNS TABLE(id uuid)
+LANGUAGE plpgsql AS $$
+#variable_conflict use_column
+DECLARE
+    v_caller text := current_setting('{TENANT_SETTING}', true);
+    v_tenant uuid;
+BEGIN
+    FOR v_tenant IN SELECT DISTINCT r.tenant FROM json_to_recordset(p_runs) AS r(tenant uuid)
+    LOOP
+        PERFORM set_config('{TENANT_SETTING}', v_tenant::text, true);
+        RETURN QUERY
+        WITH fence AS (
+            UPDATE {WorkflowInstance._meta.db_table} AS i
+               SET event_count = c.next, heartbeat_at = c.now
+              FROM json_to_recordset(p_runs)
+                   AS c(id uuid, tenant uuid, first integer, next integer, worker varchar,
+                        generation integer, now timestamptz)
+             WHERE c.tenant = v_tenant AND i.id = c.id AND i.tenant_id = v_tenant
+               AND i.assigned_to = c.worker AND i.generation = c.generation
+               AND i.status = 'running' AND i.event_count = c.first
+            RETURNING i.id, i.tenant_id
+        ), appended AS (
+            INSERT INTO {WorkflowEvent._meta.db_table}
+                   (tenant_id, instance_id, step, type_code, payload, timestamp_ms, checksum,
+                    intent_at, created_at)
+            SELECT fence.tenant_id, fence.id, e.step, e.type_code, e.payload, e.ts,
+                   e.checksum, e.intent_at, e.created_at
+              FROM fence
+              JOIN json_to_recordset(p_events)
+                   AS e(run uuid, step integer, type_code smallint, payload text, ts bigint,
+                        checksum varchar, intent_at timestamptz, created_at timestamptz)
+                ON e.run = fence.id
+            RETURNING 1
+        )
+        SELECT fence.id FROM fence;
+    END LOOP;
+    PERFORM set_config('{TENANT_SETTING}', COALESCE(v_caller, ''), true);
+END
+$$;
 """
-# PostgreSQL: the fenced append of several runs of one tenant in one statement (the group
-# commit, store.group_commit). The first parameter lists each run (JSON: id, the first new
-# step, the count after it, owner, generation, heartbeat) and the last every event (JSON,
-# ``run`` naming its run): two text parameters, because quoting arrays of parameters in
-# Python cost the worker more than the statement. The UPDATE matches only the rows whose
-# fence holds and locks them, and the INSERT writes the events of the matched runs only. A
-# run whose fence does not match is left out of both; the statement returns the ids of the
-# runs it wrote.
-_FENCED_APPEND_MANY_SQL = f"""
-WITH fence AS (
-    UPDATE {WorkflowInstance._meta.db_table} AS i
-       SET event_count = c.next, heartbeat_at = c.now
-      FROM json_to_recordset(%s::json)
-           AS c(id uuid, first integer, next integer, worker varchar, generation integer,
-                now timestamptz)
-     WHERE i.id = c.id AND i.tenant_id = %s AND i.assigned_to = c.worker
-       AND i.generation = c.generation AND i.status = %s AND i.event_count = c.first
-    RETURNING i.id, i.tenant_id
-), appended AS (
-    INSERT INTO {WorkflowEvent._meta.db_table}
-           (tenant_id, instance_id, step, type_code, payload, timestamp_ms, checksum,
-            intent_at, created_at)
-    SELECT fence.tenant_id, fence.id, e.step, e.type_code, e.payload, e.ts, e.checksum,
-           e.intent_at, e.created_at
-      FROM fence
-      JOIN json_to_recordset(%s::json)
-           AS e(run uuid, step integer, type_code smallint, payload text, ts bigint,
-                checksum varchar, intent_at timestamptz, created_at timestamptz)
-        ON e.run = fence.id
-    RETURNING 1
-)
-SELECT id FROM fence
+
+
+def append_events_function_sql(role: str) -> str:
+    """The per-step append's function (it runs as its caller, under RLS), callable by
+    ``role``."""
+    return f"""{APPEND_EVENTS_FUNCTION}
+REVOKE EXECUTE ON FUNCTION {APPEND_EVENTS_SIGNATURE} FROM PUBLIC;
+GRANT EXECUTE ON FUNCTION {APPEND_EVENTS_SIGNATURE} TO {role};
 """
+
+
 # Outside a transaction, with client-side binding (Django's default for psycopg 3), the
-# tenant and the statement go in one simple-protocol message: PostgreSQL runs the statements
-# of one message as one implicit transaction (set_config(..., true) is local to it; an error
-# rolls all of it back), so a step costs one round trip and one commit.
+# tenant and the statements go in one simple-protocol message: PostgreSQL runs the
+# statements of one message as one implicit transaction (set_config(..., true) is local to
+# it; an error rolls all of it back), so a load or a finalize costs one round trip.
 SET_TENANT_SQL = f"SELECT set_config('{TENANT_SETTING}', %s, true);"
 
 
@@ -208,9 +229,7 @@ TABLE_SECURITY = """
 
 QUERIES = {
     "set_tenant": SET_TENANT,
-    "set_tenant_in_message": SET_TENANT_SQL,
-    "fenced_append": _FENCED_APPEND_SQL,
-    "fenced_append_many": _FENCED_APPEND_MANY_SQL,
+    "append_events": APPEND_EVENTS,
     "load_run": _LOAD_SQL,
     "finalize_done": _FINALIZE_DONE_SQL,
     "claim_ready": CLAIM_READY,
