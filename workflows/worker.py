@@ -36,6 +36,7 @@ from django.db import close_old_connections, connection
 from django.utils import timezone
 from prometheus_client import Counter, Gauge, Histogram
 
+from engine.storage import RunRef
 from workflows import duties
 from workflows.executor import SegmentReport, execute_claim, get_services
 from workflows.maintenance import maintenance_on_beat
@@ -48,6 +49,7 @@ from workflows.store.lifecycle import (
     database_now,
     heartbeat_worker,
     next_due_at,
+    release,
 )
 from workflows.store.sql import queries
 
@@ -177,6 +179,11 @@ class WorkerOptions:
     lease_s: float = 60.0
     burst: bool = False
     max_segments: int | None = None
+    # Runs claimed beyond the threads (None: as many as the threads): a busy worker claims
+    # again only once a thread would otherwise have nothing to run, and then fills both its
+    # threads and this queue in one claim -- one claim for many runs instead of one for each
+    # run or two. 0: claim only for idle threads.
+    claim_ahead: int | None = None
 
 
 class Worker:
@@ -217,6 +224,9 @@ class Worker:
                 len(self._inflight),
             )
         self._stop.set()
+        # The claimed runs no thread has started stay unstarted (the loop gives them back).
+        for future in list(self._inflight):
+            future.cancel()
         self._wake.set()
         self._freed.set()
 
@@ -295,7 +305,9 @@ class Worker:
                     log.exception("event=worker_loop_error worker=%s", opts.worker_id)
                     self._stop.wait(min(30.0, 0.5 * 2 ** min(errors, 6)))
         finally:
-            # Stop claiming; let segments in flight finish (each is bounded by its deadline).
+            # Stop claiming; give back the runs not started; let segments in flight finish
+            # (each is bounded by its deadline).
+            self._release_queued()
             self._collect(block=True)
             pool.shutdown(wait=True)
             if self._listener is not None:
@@ -388,10 +400,30 @@ class Worker:
         )
 
     def _free_slots(self) -> int:
-        free = self.options.concurrency - len(self._inflight)
-        if self.options.max_segments is not None:
-            free = min(free, self.options.max_segments - self.processed - len(self._inflight))
+        """How many runs the next claim may take (see WorkerOptions.claim_ahead): none while
+        claimed runs still wait for a thread, else enough to fill the threads and the queue."""
+        opts = self.options
+        held = len(self._inflight)
+        ahead = opts.concurrency if opts.claim_ahead is None else max(0, opts.claim_ahead)
+        free = 0 if held > opts.concurrency else opts.concurrency + ahead - held
+        if opts.max_segments is not None:
+            free = min(free, opts.max_segments - self.processed - held)
         return max(0, free)
+
+    def _release_queued(self) -> None:
+        """On stop: give back the claimed runs no thread has started (they would delay the
+        stop by whole segments); each is due again at once, its attempt not spent."""
+        for future, claim in list(self._inflight.items()):
+            if not (future.cancelled() or future.cancel()):
+                continue  # running: it finishes, bounded by its deadline
+            del self._inflight[future]
+            ref = RunRef(
+                str(claim.tenant_id), "", str(claim.id), self.options.worker_id, claim.generation
+            )
+            try:
+                release(ref)
+            except Exception:  # the lease's expiry returns it
+                log.exception("event=release_failed run=%s", claim.id)
 
     def _segment_finished(self, _future: Future[SegmentReport]) -> None:
         """A segment's end (on its pool thread): a slot is free, and the run it finalized
@@ -421,6 +453,8 @@ class Worker:
             return_when=ALL_COMPLETED if block else FIRST_COMPLETED,
         )
         for future in done:
+            if future.cancelled():
+                continue  # stopping: _release_queued gives its run back
             claim = self._inflight.pop(future)
             self.processed += 1
             try:

@@ -213,7 +213,8 @@ def test_stop_while_a_segment_runs_lets_it_finish_then_exits(tenant: Tenant) -> 
         definitions.deploy_definition(tenant, "good", call_once())
         first = start(tenant, "good", {"n": 1})
         second = start(tenant, "good", {"n": 2})
-        w = Worker(options(concurrency=1, burst=False))
+        # No run claimed ahead (test_claim_ahead covers those): the second is never claimed.
+        w = Worker(options(concurrency=1, burst=False, claim_ahead=0))
         returned: list[int] = []
         thread = threading.Thread(target=lambda: returned.append(w.run()), name="stop-worker")
         thread.start()

@@ -34,6 +34,13 @@ class Command(BaseCommand):
         parser.add_argument("--tenant", default=None, help="serve one tenant (default: all)")
         parser.add_argument("--poll-interval", type=float, default=1.0, help="seconds")
         parser.add_argument("--lease", type=float, default=60.0, help="lease in seconds")
+        parser.add_argument(
+            "--claim-ahead",
+            type=int,
+            default=None,
+            help="runs claimed beyond the threads, queued for the next free one "
+            "(default: as many as --concurrency; 0: none)",
+        )
         parser.add_argument("--burst", action="store_true", help="exit when nothing is due")
         parser.add_argument(
             "--metrics-port", type=int, default=None, help="serve Prometheus metrics"
@@ -74,6 +81,8 @@ class Command(BaseCommand):
             concurrency = 1 if connection.vendor == "sqlite" else 4
         if concurrency < 1:
             raise CommandError("--concurrency must be at least 1")
+        if options["claim_ahead"] is not None and options["claim_ahead"] < 0:
+            raise CommandError("--claim-ahead must be 0 or more")
         try:
             tracing.tracer()  # a bad CLEAT_TRACING (or OTLP without its package) stops here
         except ImproperlyConfigured as exc:
@@ -94,6 +103,7 @@ class Command(BaseCommand):
                 poll_interval_s=options["poll_interval"],
                 lease_s=options["lease"],
                 burst=options["burst"],
+                claim_ahead=options["claim_ahead"],
             )
         )
         worker.install_signal_handlers()
@@ -118,7 +128,14 @@ class Command(BaseCommand):
                 "--worker-id",
                 f"{base_id}-{i}",
             ]
-            for flag in ("queues", "concurrency", "tenant", "poll_interval", "lease"):
+            for flag in (
+                "queues",
+                "concurrency",
+                "tenant",
+                "poll_interval",
+                "lease",
+                "claim_ahead",
+            ):
                 if options[flag] is not None:
                     argv += [f"--{flag.replace('_', '-')}", str(options[flag])]
             if options["burst"]:
