@@ -522,41 +522,28 @@ def _complete_in_one_message(
         return False
     first = events[0].step if events else None
     stored = [encode(e) for e in events]
+    created_at, *arrays = append_params(ref, stored, now)
     params = [
-        str(tenant),
+        ref.tenant_id,
+        ref.run_id,
+        ref.worker_id,
+        ref.generation,
+        first,
         done.status,
-        now,
+        created_at,
+        timezone.now(),  # updated_at, as auto_now writes it
         seal_column(WorkflowInstance, "result", tenant, (ref.run_id,), done.result),
         json.dumps(
             seal_json_column(
                 WorkflowInstance, "query_state", tenant, (ref.run_id,), result.query_state
             )
         ),
-        now,
-        timezone.now(),  # updated_at, as auto_now writes it
-        len(stored),
-        ref.run_id,
-        ref.tenant_id,
-        ref.worker_id,
-        ref.generation,
-        RunStatus.RUNNING,
-        first,
-        *append_params(ref, stored, now),
+        *arrays,
         done.release_locks_of,
-        UpdateRequest.State.FAILED,
         seal_column(UpdateRequest, "result", tenant, (ref.run_id,), done.updates_failure),
-        now,
-        ref.run_id,
-        UpdateRequest.State.PENDING,
-        ref.run_id,
-        done.status,
-        ref.generation,
     ]
     with connection.cursor() as cursor:
-        if not client_side_binding(cursor):
-            return False
         cursor.execute(finalize_sql, params)
-        cursor.nextset()
         matched = cursor.fetchall()
     if not matched:
         return False

@@ -173,9 +173,8 @@ def contiguous(events: Sequence[Event]) -> bool:
 
 
 def append_params(ref: RunRef, stored: Sequence[EncodedEvent], now: datetime) -> list[Any]:
-    """The parameters of the events' INSERT of ``finalize_done`` (``APPEND_FROM_FENCE_SQL``
-    in sql/postgresql.py): ``created_at`` and the event arrays, the payloads sealed here (the
-    SQL takes them as they are stored)."""
+    """The events' parameters of ``finalize_done`` (sql/postgresql.py): ``created_at`` and
+    the event arrays, the payloads sealed here (the SQL takes them as they are stored)."""
     return [
         now,
         [s.step for s in stored],

@@ -14,6 +14,7 @@ from __future__ import annotations
 from workflows.models import (
     TERMINAL_STATUSES,
     ConcurrencyKey,
+    RunStatus,
     UpdateRequest,
     WorkflowDefinition,
     WorkflowEvent,
@@ -28,21 +29,6 @@ from workflows.tenancy import TENANT_SETTING
 # tenant_context(): the setting's name and the tenant ('' for none), local to the transaction.
 SET_TENANT = "SELECT set_config(%s, %s, true)"
 
-# PostgreSQL: the INSERT of the one-message finalize (``store.lifecycle``): a CTE named
-# ``appended`` inserting the events from a CTE ``fence`` (RETURNING ``id, tenant_id``) --
-# the claimed row, matched and locked -- with the parameters of :func:`append_params`; it
-# inserts nothing unless the fence matched.
-APPEND_FROM_FENCE_SQL = f"""appended AS (
-    INSERT INTO {WorkflowEvent._meta.db_table}
-           (tenant_id, instance_id, step, type_code, payload, timestamp_ms, checksum,
-            intent_at, created_at)
-    SELECT fence.tenant_id, fence.id, e.step, e.type_code, e.payload, e.ts, e.checksum,
-           e.intent_at, %s
-      FROM fence,
-           unnest(%s::integer[], %s::smallint[], %s::text[], %s::bigint[], %s::varchar[],
-                  %s::timestamptz[]) AS e(step, type_code, payload, ts, checksum, intent_at)
-    RETURNING 1
-)"""
 # PostgreSQL: the fenced append of one or more runs' events, the per-step write (a run's
 # own, or the group commit's for several: store.group_commit), through the function below:
 # its statements are planned once per connection instead of at every step.
@@ -146,52 +132,112 @@ def _load_sql() -> str:
 _LOAD_SQL = _load_sql()
 
 
-# PostgreSQL: the finalize of a run that completed, in one simple-protocol message (one
-# round trip and one commit instead of seven round trips), in the common case only -- no
-# consumed signal, no answered update, no open child. The statements run as one implicit
-# transaction under the tenant set by the first. The second is the fence and the new row in
-# one statement: it matches only the claimed row (owner, generation, running) whose history
-# ends where the remaining events begin and that has no open child, takes its row lock, and
-# inserts the remaining events only if it matched. The third fails the run's pending updates
-# (as _fail_pending_updates), in a statement of its own so that its snapshot is taken after
-# the row lock: an update queued by send_update (which locks the row) either committed before
-# and is seen, or waits for this commit and then finds the run done. It changes nothing
-# unless the second matched (the run is then `done` at this generation). The fence statement
-# also releases the locks the workflow holds (a part that deletes only when the fence
-# matched); the locks were taken in the run's earlier, committed transactions, so the
-# statement's snapshot sees them. When the second matches nothing, nothing was
-# written and the general path in store.lifecycle tells the cases apart. What the statements
-# write is the transition engine.lifecycle.completion() returns, which the parameters come from.
-def _finalize_done_sql() -> str:
+# PostgreSQL: the finalize of a run that completed, in one call of the function below (one
+# round trip and one commit instead of seven round trips, its statements planned once per
+# connection), in the common case only -- no consumed signal, no answered update, no open
+# child. It runs as its caller, under RLS, with the run's tenant set as tenant_context()
+# sets it (the caller's is restored at the end). The first statement is the fence and the
+# new row: it matches only the claimed row (owner, generation, running) whose history ends
+# where the remaining events begin and that has no open child, takes its row lock, inserts
+# the remaining events only if it matched, and releases the locks the workflow holds (the
+# locks were taken in the run's earlier, committed transactions, so the statement's snapshot
+# sees them). Only when it matched, the second fails the run's pending updates (as
+# _fail_pending_updates), in a statement of its own so that its snapshot is taken after the
+# row lock: an update queued by send_update (which locks the row) either committed before and
+# is seen, or waits for this commit and then finds the run done. The function returns the
+# run's parent (NULL for none) when it matched, no row otherwise: then nothing was written
+# and the general path in store.lifecycle tells the cases apart. What it writes is the
+# transition engine.lifecycle.completion() returns, which the arguments come from.
+FINALIZE_DONE = (
+    "SELECT parent_id FROM cleat.finalize_done(p_tenant => %s, p_id => %s, p_worker => %s, "
+    "p_generation => %s, p_first => %s, p_status => %s, p_now => %s, p_updated_at => %s, "
+    "p_result => %s, p_query_state => %s::jsonb, p_steps => %s::integer[], "
+    "p_types => %s::smallint[], p_payloads => %s::text[], p_ts => %s::bigint[], "
+    "p_checksums => %s::varchar[], p_intents => %s::timestamptz[], p_lock_holder => %s, "
+    "p_updates_result => %s)"
+)
+FINALIZE_DONE_SIGNATURE = (
+    "cleat.finalize_done(uuid, uuid, text, bigint, integer, text, timestamptz, timestamptz, "
+    "text, jsonb, integer[], smallint[], text[], bigint[], varchar[], timestamptz[], text, text)"
+)
+
+
+def _finalize_done_function() -> str:
     instance = WorkflowInstance._meta.db_table
+    event = WorkflowEvent._meta.db_table
     updates = UpdateRequest._meta.db_table
     locks = ConcurrencyKey._meta.db_table
     terminal = ", ".join(f"'{s}'" for s in sorted(TERMINAL_STATUSES))
-    return f"""{SET_TENANT_SQL}
-WITH fence AS (
-    UPDATE {instance} AS i
-       SET status = %s, completed_at = %s, result = %s, error = NULL, error_code = NULL,
-           waiting_on = NULL, next_wake_at = NULL, query_state = %s::jsonb,
-           assigned_to = NULL, heartbeat_at = %s, updated_at = %s,
-           event_count = i.event_count + %s
-     WHERE i.id = %s AND i.tenant_id = %s AND i.assigned_to = %s AND i.generation = %s
-       AND i.status = %s AND i.event_count = COALESCE(%s, i.event_count)
-       AND NOT EXISTS (SELECT 1 FROM {instance} AS c
-                        WHERE c.parent_id = i.id AND c.status NOT IN ({terminal}))
-    RETURNING i.id, i.tenant_id, i.parent_id
-), {APPEND_FROM_FENCE_SQL}, released AS (
-    DELETE FROM {locks} AS k USING fence
-     WHERE k.tenant_id = fence.tenant_id AND k.holder = %s
-    RETURNING 1
-)
-SELECT parent_id FROM fence;
-UPDATE {updates} SET status = %s, result = %s, completed_at = %s
- WHERE instance_id = %s AND status = %s
-   AND EXISTS (SELECT 1 FROM {instance}
-                WHERE id = %s AND status = %s AND generation = %s AND assigned_to IS NULL)"""
+    running = f"'{RunStatus.RUNNING.value}'"
+    failed, pending = (
+        f"'{s.value}'" for s in (UpdateRequest.State.FAILED, UpdateRequest.State.PENDING)
+    )
+    return f"""
+CREATE OR REPLACE FUNCTION cleat.finalize_done(
+    p_tenant uuid, p_id uuid, p_worker text, p_generation bigint, p_first integer,
+    p_status text, p_now timestamptz, p_updated_at timestamptz, p_result text,
+    p_query_state jsonb, p_steps integer[], p_types smallint[], p_payloads text[],
+    p_ts bigint[], p_checksums varchar[], p_intents timestamptz[], p_lock_holder text,
+    p_updates_result text)
+RETURNS TABLE(parent_id uuid)
+LANGUAGE plpgsql AS $$
+#variable_conflict use_column
+DECLARE
+    v_caller text := current_setting('{TENANT_SETTING}', true);
+    v_matched boolean := false;
+    v_parent uuid;
+BEGIN
+    PERFORM set_config('{TENANT_SETTING}', p_tenant::text, true);
+    WITH fence AS (
+        UPDATE {instance} AS i
+           SET status = p_status, completed_at = p_now, result = p_result, error = NULL,
+               error_code = NULL, waiting_on = NULL, next_wake_at = NULL,
+               query_state = p_query_state, assigned_to = NULL, heartbeat_at = p_now,
+               updated_at = p_updated_at, event_count = i.event_count + cardinality(p_steps)
+         WHERE i.id = p_id AND i.tenant_id = p_tenant AND i.assigned_to = p_worker
+           AND i.generation = p_generation AND i.status = {running}
+           AND i.event_count = COALESCE(p_first, i.event_count)
+           AND NOT EXISTS (SELECT 1 FROM {instance} AS c
+                            WHERE c.parent_id = i.id AND c.status NOT IN ({terminal}))
+        RETURNING i.id, i.tenant_id, i.parent_id
+    ), appended AS (
+        INSERT INTO {event}
+               (tenant_id, instance_id, step, type_code, payload, timestamp_ms, checksum,
+                intent_at, created_at)
+        SELECT fence.tenant_id, fence.id, e.step, e.type_code, e.payload, e.ts, e.checksum,
+               e.intent_at, p_now
+          FROM fence,
+               unnest(p_steps, p_types, p_payloads, p_ts, p_checksums, p_intents)
+               AS e(step, type_code, payload, ts, checksum, intent_at)
+        RETURNING 1
+    ), released AS (
+        DELETE FROM {locks} AS k USING fence
+         WHERE k.tenant_id = fence.tenant_id AND k.holder = p_lock_holder
+        RETURNING 1
+    )
+    SELECT true, fence.parent_id INTO v_matched, v_parent FROM fence;
+    IF v_matched THEN
+        UPDATE {updates} AS u SET status = {failed}, result = p_updates_result,
+               completed_at = p_now
+         WHERE u.instance_id = p_id AND u.status = {pending};
+        RETURN QUERY SELECT v_parent;
+    END IF;
+    PERFORM set_config('{TENANT_SETTING}', COALESCE(v_caller, ''), true);
+END
+$$;
+"""
 
 
-_FINALIZE_DONE_SQL = _finalize_done_sql()
+FINALIZE_DONE_FUNCTION = _finalize_done_function()
+
+
+def finalize_done_function_sql(role: str) -> str:
+    """The one-call finalize's function (it runs as its caller, under RLS), callable by
+    ``role``."""
+    return f"""{FINALIZE_DONE_FUNCTION}
+REVOKE EXECUTE ON FUNCTION {FINALIZE_DONE_SIGNATURE} FROM PUBLIC;
+GRANT EXECUTE ON FUNCTION {FINALIZE_DONE_SIGNATURE} TO {role};
+"""
 
 
 # --- the dispatch loop (through the definer functions below) ---------------------------------
@@ -231,7 +277,7 @@ QUERIES = {
     "set_tenant": SET_TENANT,
     "append_events": APPEND_EVENTS,
     "load_run": _LOAD_SQL,
-    "finalize_done": _FINALIZE_DONE_SQL,
+    "finalize_done": FINALIZE_DONE,
     "claim_ready": CLAIM_READY,
     "heartbeat_worker": HEARTBEAT_WORKER,
     "reap_expired_leases": REAP_EXPIRED_LEASES,
