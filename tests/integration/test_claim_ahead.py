@@ -85,3 +85,15 @@ def test_on_stop_the_runs_no_thread_started_are_given_back(tenant: Any) -> None:
     assert len(done) == 1
     assert given_back == [(RunStatus.READY, None, given_back[0][2])] * 3
     assert {v[2] for v in given_back} == {runs[0].attempt}
+
+
+def test_the_default_threads_follow_the_cores(monkeypatch: Any) -> None:
+    import os
+
+    from workflows.management.commands import runworker
+
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {0, 1})
+    assert runworker.default_concurrency("postgresql") == 8
+    assert runworker.default_concurrency("sqlite") == 1  # one writer
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: set(range(64)))
+    assert runworker.default_concurrency("mysql") == runworker.MAX_DEFAULT_CONCURRENCY

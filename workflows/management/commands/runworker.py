@@ -20,6 +20,18 @@ from workflows.rls import bypass_reasons, format_reasons
 from workflows.services import ServiceError, get_tenant
 from workflows.worker import Worker, WorkerOptions, default_worker_id
 
+# The default threads of a worker process: 4 per core it may run on (segments wait on the
+# database about as long as they compute, and the group commit batches the appends of the
+# running segments, so more segments per process mean fewer transactions per step), at most
+# this many (one process runs Python on one core at a time); SQLite has one writer.
+MAX_DEFAULT_CONCURRENCY = 32
+
+
+def default_concurrency(vendor: str) -> int:
+    if vendor == "sqlite":
+        return 1
+    return max(1, min(MAX_DEFAULT_CONCURRENCY, 4 * len(os.sched_getaffinity(0))))
+
 
 class Command(BaseCommand):
     help = "Run the workflow dispatch worker (claims due runs and executes their segments)."
@@ -27,7 +39,11 @@ class Command(BaseCommand):
     def add_arguments(self, parser: CommandParser) -> None:
         parser.add_argument("--queues", default="default", help="comma-separated task queues")
         parser.add_argument(
-            "--concurrency", type=int, default=None, help="segments at once (threads)"
+            "--concurrency",
+            type=int,
+            default=None,
+            help="segments at once (threads; default: 4 per available core, at most "
+            f"{MAX_DEFAULT_CONCURRENCY}; 1 on SQLite)",
         )
         parser.add_argument("--processes", type=int, default=1, help="worker processes to start")
         parser.add_argument("--worker-id", default=None)
@@ -78,7 +94,7 @@ class Command(BaseCommand):
             self.stderr.write(self.style.WARNING(message))
         concurrency = options["concurrency"]
         if concurrency is None:
-            concurrency = 1 if connection.vendor == "sqlite" else 4
+            concurrency = default_concurrency(connection.vendor)
         if concurrency < 1:
             raise CommandError("--concurrency must be at least 1")
         if options["claim_ahead"] is not None and options["claim_ahead"] < 0:
