@@ -429,17 +429,7 @@ def _host_operation(imp: HostImport) -> Any:
 
 
 def _define_host_operation(instance: wc.LinkerInstance, imp: HostImport) -> None:
-    name = wit_name(imp.name).encode()
-    error = _ffi.wasmtime_component_linker_instance_add_func(
-        instance.ptr(),
-        ctypes.create_string_buffer(name),
-        len(name),
-        _HOST_CALLBACKS[imp.name],
-        None,
-        NO_FINALIZER,
-    )
-    if error:
-        raise wasmtime.WasmtimeError._from_ptr(error)
+    _define_callback(instance, wit_name(imp.name), _HOST_CALLBACKS[imp.name])
 
 
 _PARAM_TYPES = {"s": "string", "I": "s64", "i": "s32"}
@@ -561,6 +551,67 @@ def _monotonic_wait(store: Any, *args: Any) -> Any:
     raise fault
 
 
+# ``get-random-bytes`` and ``get-insecure-random-bytes`` are served by C callbacks of their
+# own: wasmtime-py's generic ``add_func`` converts a ``list<u8>`` result one byte at a time
+# through Python, and componentize-py seeds ``random`` with 2,496 bytes on an instance's first
+# call -- 3 ms of every Python segment's start. The list is written whole: each element is a
+# ``wasmtime_component_val_t`` of kind u8, laid out here in one buffer.
+_KIND_U8_LIST = _ffi.WASMTIME_COMPONENT_LIST.value
+_VAL_SIZE = ctypes.sizeof(_ffi.wasmtime_component_val_t)
+_VAL_KIND_AT = _ffi.wasmtime_component_val_t.kind.offset
+_VAL_U8_AT = _ffi.wasmtime_component_val_t.of.offset + _ffi.wasmtime_component_valunion_t.u8.offset
+
+
+def _write_bytes(out: Any, data: bytes) -> None:
+    """``out`` := ``list<u8>`` holding ``data``."""
+    count = len(data)
+    values = _ffi.wasmtime_component_vallist_t()
+    _ffi.wasmtime_component_vallist_new_uninit(ctypes.byref(values), count)
+    if count:
+        layout = bytearray(_VAL_SIZE * count)
+        layout[_VAL_KIND_AT::_VAL_SIZE] = bytes((_KIND_U8,)) * count
+        layout[_VAL_U8_AT::_VAL_SIZE] = data
+        ctypes.memmove(values.data, (ctypes.c_char * len(layout)).from_buffer(layout), len(layout))
+    out.kind = _KIND_U8_LIST
+    out.of.list = values
+
+
+def _random_bytes_callback(function: str) -> Any:
+    """The C callback of ``function`` (``(len: u64) -> list<u8>``)."""
+
+    def host(
+        env: Any, context: Any, ty: Any, args: Any, nargs: int, results: Any, nresults: int
+    ) -> int:
+        try:
+            if nargs != 1 or nresults != 1:
+                raise GuestFault(function, f"called with {nargs} arguments; WASI declares 1")
+            _write_bytes(results[0], _random_bytes(function, int(args[0].of.u64)))
+            return 0
+        except BaseException as exc:
+            frame = _frame()
+            if frame is not None and frame[0].exit is None:
+                frame[0].exit = exc
+            component_enter.LAST_EXCEPTION = exc  # type: ignore[assignment]
+            error = wasmtime.WasmtimeError("python exception")._consume()
+            return ctypes.cast(error, ctypes.c_void_p).value or 0
+
+    return _ffi.wasmtime_component_func_callback_t(host)
+
+
+def _define_callback(instance: wc.LinkerInstance, name: str, callback: Any) -> None:
+    encoded = name.encode()
+    error = _ffi.wasmtime_component_linker_instance_add_func(
+        instance.ptr(),
+        ctypes.create_string_buffer(encoded),
+        len(encoded),
+        callback,
+        None,
+        NO_FINALIZER,
+    )
+    if error:
+        raise wasmtime.WasmtimeError._from_ptr(error)
+
+
 def _get_random_bytes(store: Any, length: int) -> bytes:
     return _random_bytes(f"{RANDOM}#get-random-bytes", length)
 
@@ -588,6 +639,13 @@ _WASI_FUNCTIONS: dict[str, tuple[tuple[str, Callable[..., Any]], ...]] = {
         ("get-insecure-random-u64", _get_random_u64),
     ),
     INSECURE_SEED: (("insecure-seed", _insecure_seed),),
+}
+# The functions of _WASI_FUNCTIONS served by C callbacks instead (kept alive here).
+_WASI_CALLBACKS: dict[tuple[str, str], Any] = {
+    (RANDOM, "get-random-bytes"): _random_bytes_callback(f"{RANDOM}#get-random-bytes"),
+    (INSECURE_RANDOM, "get-insecure-random-bytes"): _random_bytes_callback(
+        f"{INSECURE_RANDOM}#get-insecure-random-bytes"
+    ),
 }
 
 
@@ -681,8 +739,13 @@ class ComponentBackend:
                 updates.add_func("complete", _guarded("updates.complete", _complete_update))
             for full_name in sorted(wasi_names):
                 with root.add_instance(full_name) as instance:
-                    for name, fn in _WASI_FUNCTIONS[_unversioned(full_name)]:
-                        instance.add_func(name, fn)
+                    interface = _unversioned(full_name)
+                    for name, fn in _WASI_FUNCTIONS[interface]:
+                        callback = _WASI_CALLBACKS.get((interface, name))
+                        if callback is not None:
+                            _define_callback(instance, name, callback)
+                        else:
+                            instance.add_func(name, fn)
         return linker
 
     def _linker_for(self, imports: Sequence[str]) -> wc.Linker:
