@@ -286,12 +286,11 @@ def _load_in_one_message(claim: Claim, worker_id: str) -> tuple[bool, LoadedRun 
     load_sql = queries(connection).get("load_run")
     if load_sql is None or connection.in_atomic_block or not connection.get_autocommit():
         return False, None
-    fence = [str(claim.id), str(claim.tenant_id), claim.generation, worker_id, RunStatus.RUNNING]
+    fence = [str(claim.tenant_id), str(claim.id), claim.generation, worker_id]
     with connection.cursor() as cursor:
         if not client_side_binding(cursor):
             return False, None
-        cursor.execute(load_sql, [str(claim.tenant_id), *fence, str(claim.id), *fence])
-        cursor.nextset()
+        cursor.execute(load_sql, [*fence, *fence])
         row = cursor.fetchone()
         cursor.nextset()
         events = cursor.fetchall()

@@ -97,39 +97,90 @@ GRANT EXECUTE ON FUNCTION {APPEND_EVENTS_SIGNATURE} TO {role};
 """
 
 
-# Outside a transaction, with client-side binding (Django's default for psycopg 3), the
-# tenant and the statements go in one simple-protocol message: PostgreSQL runs the
-# statements of one message as one implicit transaction (set_config(..., true) is local to
-# it; an error rolls all of it back), so a load or a finalize costs one round trip.
-SET_TENANT_SQL = f"SELECT set_config('{TENANT_SETTING}', %s, true);"
-
-
-# PostgreSQL: the load in one simple-protocol message (one round trip instead of five: BEGIN,
-# the tenant, the instance, the history, COMMIT). The statements of one message run as one
-# implicit transaction, so the tenant set by the first (transaction-local) scopes the other
-# two under RLS, exactly as tenant_context() does; each statement takes its own snapshot, as
-# the ORM's statements do inside a READ COMMITTED transaction.
+# PostgreSQL: the load in one message of two calls (one round trip instead of five: BEGIN,
+# the tenant, the instance, the history, COMMIT), through the functions below: their
+# statements are planned once per connection. Each runs as its caller, under RLS, with the
+# run's tenant set as tenant_context() sets it (the caller's restored at the end), and reads
+# only the claimed row (owner, generation, running). The instance comes as the table's own
+# row type, so the function follows the model's columns; the first statement picks them in
+# the model's order. Each statement takes its own snapshot, as the ORM's statements do inside
+# a READ COMMITTED transaction.
 _INSTANCE_FIELDS = tuple(WorkflowInstance._meta.concrete_fields)
+LOAD_SIGNATURES = (
+    "cleat.load_instance(uuid, uuid, bigint, text)",
+    "cleat.load_history(uuid, uuid, bigint, text)",
+)
 
 
 def _load_sql() -> str:
-    instance = WorkflowInstance._meta.db_table
-    definition = WorkflowDefinition._meta.db_table
-    event = WorkflowEvent._meta.db_table
-    columns = ", ".join(f'i."{f.column}"' for f in _INSTANCE_FIELDS)
-    fence = "id = %s AND tenant_id = %s AND generation = %s AND assigned_to = %s AND status = %s"
+    columns = ", ".join(f'(l.i)."{f.column}"' for f in _INSTANCE_FIELDS)
+    args = "p_tenant => %s, p_id => %s, p_generation => %s, p_worker => %s"
     return (
-        f"{SET_TENANT_SQL}\n"
-        f"SELECT {columns}, d.sha256, d.max_history_length, d.min_version FROM {instance} AS i "
-        f"JOIN {definition} AS d ON d.id = i.definition_id "
-        f"WHERE i.{fence.replace(' AND ', ' AND i.')};\n"
-        f"SELECT step, type_code, timestamp_ms, payload, checksum FROM {event} "
-        f"WHERE instance_id = %s AND EXISTS (SELECT 1 FROM {instance} WHERE {fence}) "
-        "ORDER BY step"
+        f"SELECT {columns}, l.sha256, l.max_history_length, l.min_version "
+        f"FROM cleat.load_instance({args}) AS l;\n"
+        f"SELECT step, type_code, timestamp_ms, payload, checksum FROM cleat.load_history({args})"
     )
 
 
 _LOAD_SQL = _load_sql()
+
+
+def _load_functions() -> str:
+    instance = WorkflowInstance._meta.db_table
+    definition = WorkflowDefinition._meta.db_table
+    event = WorkflowEvent._meta.db_table
+    running = f"'{RunStatus.RUNNING.value}'"
+    fence = (
+        "r.id = p_id AND r.tenant_id = p_tenant AND r.generation = p_generation\n"
+        f"           AND r.assigned_to = p_worker AND r.status = {running}"
+    )
+    begin = f"""#variable_conflict use_column
+DECLARE
+    v_caller text := current_setting('{TENANT_SETTING}', true);
+BEGIN
+    PERFORM set_config('{TENANT_SETTING}', p_tenant::text, true);"""
+    end = f"""    PERFORM set_config('{TENANT_SETTING}', COALESCE(v_caller, ''), true);
+END
+$$;"""
+    return f"""
+CREATE OR REPLACE FUNCTION cleat.load_instance(
+    p_tenant uuid, p_id uuid, p_generation bigint, p_worker text)
+RETURNS TABLE(i {instance}, sha256 varchar, max_history_length integer, min_version integer)
+LANGUAGE plpgsql AS $$
+{begin}
+    RETURN QUERY
+    SELECT r, d.sha256, d.max_history_length, d.min_version
+      FROM {instance} AS r JOIN {definition} AS d ON d.id = r.definition_id
+     WHERE {fence};
+{end}
+CREATE OR REPLACE FUNCTION cleat.load_history(
+    p_tenant uuid, p_id uuid, p_generation bigint, p_worker text)
+RETURNS TABLE(step integer, type_code smallint, timestamp_ms bigint, payload text,
+              checksum varchar)
+LANGUAGE plpgsql AS $$
+{begin}
+    RETURN QUERY
+    SELECT e.step, e.type_code, e.timestamp_ms, e.payload, e.checksum
+      FROM {event} AS e
+     WHERE e.instance_id = p_id
+       AND EXISTS (SELECT 1 FROM {instance} AS r
+                    WHERE {fence})
+     ORDER BY e.step;
+{end}
+"""
+
+
+LOAD_FUNCTIONS = _load_functions()
+
+
+def load_functions_sql(role: str) -> str:
+    """The load's functions (they run as their caller, under RLS), callable by ``role``."""
+    grants = "\n".join(
+        f"REVOKE EXECUTE ON FUNCTION {signature} FROM PUBLIC;\n"
+        f"GRANT EXECUTE ON FUNCTION {signature} TO {role};"
+        for signature in LOAD_SIGNATURES
+    )
+    return f"{LOAD_FUNCTIONS}\n{grants}\n"
 
 
 # PostgreSQL: the finalize of a run that completed, in one call of the function below (one
