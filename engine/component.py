@@ -496,7 +496,9 @@ def _complete_update(session: ComponentSession, update_id: str, status: int, pay
 
 
 # Deterministic WASI. Outside a run (``describe`` at load time) time is the epoch and the
-# random stream is zeros: nothing there may depend on them.
+# random stream is zeros: nothing there may depend on them; a request for more than this
+# many bytes there is a fault (in a run, the run's max_string_bytes is the limit).
+_OUTSIDE_RUN_RANDOM_LIMIT = 1 << 20
 
 
 def _virtual_ms() -> int:
@@ -507,6 +509,10 @@ def _virtual_ms() -> int:
 def _random_bytes(function: str, length: int) -> bytes:
     frame = _frame()
     if frame is None:
+        if length > _OUTSIDE_RUN_RANDOM_LIMIT:  # describe at deploy: no run's limit applies
+            raise GuestFault(
+                function, f"asked for {length} random bytes (at most {_OUTSIDE_RUN_RANDOM_LIMIT})"
+            )
         return bytes(length)
     session, instance = frame
     limit = instance.config.max_string_bytes

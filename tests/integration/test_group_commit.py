@@ -158,6 +158,45 @@ def test_a_failed_batch_sends_each_append_to_be_written_directly(monkeypatch: An
     assert group.totals["fallback"] == 4
 
 
+def test_any_error_of_the_batch_is_no_one_runs_own(monkeypatch: Any) -> None:
+    """Not only a database error: whatever the leader's write raises, no run of the batch
+    (the leader's included) sees it; each writes its own append directly."""
+
+    def broken(batch: Any) -> set[str]:
+        raise ValueError("not a database error")
+
+    group = GroupCommit(Settings(enabled=True, min_rate=0, max_events=64, max_wait_s=60.0))
+    monkeypatch.setattr(group_commit, "_can_batch", lambda: True)
+    monkeypatch.setattr(group_commit, "write_batch", broken)
+    with group.segment():
+        assert group.append(uuid.uuid4(), _ref(0), [_event(0)], _now()) is None
+
+
+def test_a_run_is_never_twice_in_one_batch(monkeypatch: Any) -> None:
+    """Events join their run by id in the statement: a second append of a run already in
+    the open batch waits for the next one."""
+    group = GroupCommit(Settings(enabled=True, min_rate=0, max_events=64, max_wait_s=0.2))
+    recorder = _Recorder()
+    monkeypatch.setattr(group_commit, "write_batch", recorder)
+    monkeypatch.setattr(group_commit, "_can_batch", lambda: True)
+    ref = _ref(0)
+    results: list[Any] = []
+    barrier = threading.Barrier(2)
+
+    def one(step: int) -> None:
+        with group.segment():
+            barrier.wait()
+            results.append(group.append(uuid.uuid4(), ref, [_event(step)], _now()))
+
+    threads = [threading.Thread(target=one, args=(i,)) for i in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(10)
+    assert results == [True, True]
+    assert recorder.batches == [[ref.run_id], [ref.run_id]]
+
+
 def test_below_the_threshold_each_append_is_direct_and_above_it_batched(
     monkeypatch: Any,
 ) -> None:
@@ -336,3 +375,34 @@ def test_a_worker_with_every_append_batched_loses_nothing(tenant: Any, committer
         assert group.totals["direct"] == 0
     else:
         assert group.totals["batched"] == 0
+
+
+@pytest.mark.postgres_only  # the heartbeat's definer function is PostgreSQL's
+def test_the_heartbeat_skips_a_row_a_batch_has_locked(tenant: Any) -> None:
+    """A batch locks several of the worker's rows; the worker's heartbeat must not wait for
+    them (it could deadlock with the batch): it renews the others and returns at once."""
+    from django.db import connections as conns
+
+    from workflows.store.lifecycle import heartbeat_worker
+
+    refs = _claimed_runs(tenant, 3, "beat")
+    locker = conns.create_connection("default")
+    try:
+        locker.set_autocommit(False)
+        with locker.cursor() as cursor:
+            cursor.execute("SELECT set_config('cleat.tenant_id', %s, true)", [str(tenant.id)])
+            cursor.execute(
+                "SELECT id FROM workflows_workflowinstance WHERE id = %s FOR NO KEY UPDATE",
+                [refs[0].run_id],
+            )
+            with connection.cursor() as mine:  # waiting for the lock fails, not hangs
+                mine.execute("SET lock_timeout = '3s'")
+            try:
+                renewed = heartbeat_worker("beat", _now())
+            finally:
+                with connection.cursor() as mine:
+                    mine.execute("RESET lock_timeout")
+        assert renewed == 2
+    finally:
+        locker.rollback()
+        locker.close()

@@ -51,7 +51,7 @@ from datetime import datetime
 from typing import Any
 
 from django.conf import settings
-from django.db import DatabaseError, connection
+from django.db import connection
 from prometheus_client import Counter, Histogram
 
 from engine.events import EncodedEvent, Event, encode
@@ -128,6 +128,9 @@ class _Append:
     stored: Sequence[EncodedEvent]
     first: int
     now: datetime
+    # what write_batch sends for it: the run's fence and its events, payloads sealed
+    run: dict[str, Any] = field(default_factory=dict)
+    rows: list[dict[str, Any]] = field(default_factory=list)
     done: threading.Event = field(default_factory=threading.Event)
     # True: committed; False: the fence did not match (nothing written); None: the batch
     # failed (nothing written): write it directly
@@ -142,6 +145,7 @@ class GroupCommit:
         self._cond = threading.Condition()
         self._open: list[_Append] = []  # the batch being gathered
         self._open_events = 0
+        self._open_runs: set[str] = set()
         self._leading = False  # a leader is gathering _open
         self._waiting = 0  # callers blocked until a commit (gathering or being flushed)
         self._active = 0  # segments running in this process (segment())
@@ -191,11 +195,19 @@ class GroupCommit:
                 APPENDS.labels("direct").inc()
                 self.totals["direct"] += 1
                 return None
-            item = prepared(tenant_id, ref, events, now)
+        # On this run's own thread, outside the lock: an error here (a payload that does
+        # not seal) is this run's, and the encoding of one run does not hold up the others.
+        item = prepared(tenant_id, ref, events, now)
+        with self._cond:
             self._waiting += 1
-            while self._leading and self._open_events >= self.config.max_events:
-                self._cond.wait()  # the batch is full: join the next one
+            # A full batch, or one that holds this run already (a run appends one step at
+            # a time; events join their run by id): join the next one.
+            while self._leading and (
+                self._open_events >= self.config.max_events or ref.run_id in self._open_runs
+            ):
+                self._cond.wait()
             self._open.append(item)
+            self._open_runs.add(ref.run_id)
             self._open_events += len(events)
             lead = not self._leading
             if lead:
@@ -242,6 +254,7 @@ class GroupCommit:
             self._cond.wait(max(0.0, deadline - time.monotonic()))
         BATCH_WAIT.observe(time.monotonic() - started)
         batch, self._open, self._open_events = self._open, [], 0
+        self._open_runs = set()
         self._leading = False
         self._cond.notify_all()  # whoever waits for a batch with room: this one is open
         return batch
@@ -250,7 +263,7 @@ class GroupCommit:
         """Write the batch on this (the leader's) thread's connection; tell every caller."""
         try:
             matched = write_batch(batch)
-        except DatabaseError:
+        except Exception:  # nothing of the batch was written: each writes its own directly
             BATCH_FAILURES.inc()
             for item in batch:
                 item.committed = None
@@ -287,39 +300,10 @@ def write_batch(batch: Sequence[_Append]) -> set[str]:
     """The appends in one statement (``append_events``, sql/postgresql.py), one transaction
     unless the caller is in one. Returns the ids of the runs whose fence matched (their
     events are written)."""
-    runs = []
-    events = []
-    for item in batch:
-        run_id = item.ref.run_id
-        now = item.now.isoformat()
-        runs.append(
-            {
-                "id": run_id,
-                "tenant": str(item.tenant_id),
-                "first": item.first,
-                "next": item.first + len(item.stored),
-                "worker": item.ref.worker_id,
-                "generation": item.ref.generation,
-                "now": now,
-            }
-        )
-        for s in item.stored:
-            events.append(
-                {
-                    "run": run_id,
-                    "step": s.step,
-                    "type_code": s.type_code,
-                    "payload": seal_column(
-                        WorkflowEvent, "payload", item.tenant_id, (run_id, s.step), s.payload
-                    ),
-                    "ts": s.ts,
-                    "checksum": s.checksum,
-                    "intent_at": now if not s.checksum else None,
-                    "created_at": now,
-                }
-            )
+    runs = [item.run for item in batch]
+    rows = [row for item in batch for row in item.rows]
     with connection.cursor() as cursor:
-        cursor.execute(queries(connection)["append_events"], [_json(runs), _json(events)])
+        cursor.execute(queries(connection)["append_events"], [_json(runs), _json(rows)])
         return {str(row[0]) for row in cursor.fetchall()}
 
 
@@ -328,8 +312,37 @@ def _json(value: Any) -> str:
 
 
 def prepared(tenant_id: uuid.UUID, ref: RunRef, events: Sequence[Event], now: datetime) -> _Append:
-    """One run's append, as :func:`write_batch` takes it."""
-    return _Append(tenant_id, ref, [encode(e) for e in events], events[0].step, now)
+    """One run's append, as :func:`write_batch` takes it: the events encoded, the payloads
+    sealed, the fence and the rows as the statement's JSON reads them."""
+    stored = [encode(e) for e in events]
+    first = stored[0].step
+    run_id = ref.run_id
+    stamp = now.isoformat()
+    run = {
+        "id": run_id,
+        "tenant": str(tenant_id),
+        "first": first,
+        "next": first + len(stored),
+        "worker": ref.worker_id,
+        "generation": ref.generation,
+        "now": stamp,
+    }
+    rows = [
+        {
+            "run": run_id,
+            "step": s.step,
+            "type_code": s.type_code,
+            "payload": seal_column(
+                WorkflowEvent, "payload", tenant_id, (run_id, s.step), s.payload
+            ),
+            "ts": s.ts,
+            "checksum": s.checksum,
+            "intent_at": stamp if not s.checksum else None,
+            "created_at": stamp,
+        }
+        for s in stored
+    ]
+    return _Append(tenant_id, ref, stored, first, now, run, rows)
 
 
 _committer: GroupCommit | None = None

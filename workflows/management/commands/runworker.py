@@ -30,7 +30,11 @@ MAX_DEFAULT_CONCURRENCY = 32
 def default_concurrency(vendor: str) -> int:
     if vendor == "sqlite":
         return 1
-    return max(1, min(MAX_DEFAULT_CONCURRENCY, 4 * len(os.sched_getaffinity(0))))
+    try:
+        cores = len(os.sched_getaffinity(0))
+    except AttributeError:  # not on Linux
+        cores = os.cpu_count() or 1
+    return max(1, min(MAX_DEFAULT_CONCURRENCY, 4 * cores))
 
 
 class Command(BaseCommand):

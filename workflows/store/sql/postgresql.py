@@ -497,9 +497,14 @@ $$;
 CREATE OR REPLACE FUNCTION cleat.heartbeat_worker(p_worker text, p_now timestamptz)
 RETURNS integer
 LANGUAGE sql SECURITY DEFINER SET search_path = public, pg_temp AS $$
+    -- SKIP LOCKED: a row locked by one of the worker's own writes (a group-commit batch
+    -- locks several) gets a fresh heartbeat_at from that write; waiting for it could
+    -- deadlock with a batch waiting for a row this statement locked first.
     WITH beat AS (
         UPDATE workflows_workflowinstance SET heartbeat_at = p_now
-         WHERE assigned_to = p_worker AND status = 'running'
+         WHERE id IN (SELECT h.id FROM workflows_workflowinstance AS h
+                       WHERE h.assigned_to = p_worker AND h.status = 'running'
+                       FOR NO KEY UPDATE SKIP LOCKED)
         RETURNING 1)
     SELECT count(*)::integer FROM beat
 $$;
@@ -592,23 +597,28 @@ BEGIN
     -- Planned at each call with the values in hand (EXECUTE): planned once for any
     -- p_since, the arrival ranges look like a third of each table, and the plan reads the
     -- tables whole (66 ms a call among 400,000 runs; 2 ms planned with the values).
+    -- The arrivals are read first, once (MATERIALIZED): planned as a semi-join, a waiting
+    -- set the statistics took for one row was scanned run by run against the arrivals,
+    -- a seconds-long sweep among 10,000 waiting runs that held up the worker's loop.
     RETURN QUERY EXECUTE $sweep$
+    WITH arrived AS MATERIALIZED (
+        SELECT c.parent_id AS id FROM workflows_workflowinstance AS c
+         WHERE c.completed_at >= $1 AND c.parent_id IS NOT NULL
+        UNION ALL
+        SELECT s.instance_id FROM workflows_signal AS s
+         WHERE s.created_at >= $1 AND s.consumed_at IS NULL
+        UNION ALL
+        SELECT u.instance_id FROM workflows_updaterequest AS u
+         WHERE u.status = 'pending' AND u.created_at >= $1
+        UNION ALL
+        SELECT k.instance_id FROM workflows_taskcall AS k
+         WHERE k.state = 'reported' AND k.reported_at >= $1
+        UNION ALL
+        SELECT p.instance_id FROM workflows_promise AS p
+         WHERE p.settled_at >= $1)
     SELECT w.id, w.tenant_id
       FROM workflows_workflowinstance AS w
-     WHERE w.id IN (SELECT c.parent_id FROM workflows_workflowinstance AS c
-                     WHERE c.completed_at >= $1 AND c.parent_id IS NOT NULL
-                    UNION ALL
-                    SELECT s.instance_id FROM workflows_signal AS s
-                     WHERE s.created_at >= $1 AND s.consumed_at IS NULL
-                    UNION ALL
-                    SELECT u.instance_id FROM workflows_updaterequest AS u
-                     WHERE u.status = 'pending' AND u.created_at >= $1
-                    UNION ALL
-                    SELECT k.instance_id FROM workflows_taskcall AS k
-                     WHERE k.state = 'reported' AND k.reported_at >= $1
-                    UNION ALL
-                    SELECT p.instance_id FROM workflows_promise AS p
-                     WHERE p.settled_at >= $1)
+     WHERE w.id IN (SELECT a.id FROM arrived AS a)
        AND w.status = 'ready' AND (w.next_wake_at IS NULL OR w.next_wake_at > $2)
     UNION
     SELECT w.id, w.tenant_id
