@@ -363,6 +363,10 @@ BAD_INPUT: dict[str, tuple[tuple[str, ...], str]] = {
         ("runworker", "--burst", "--concurrency", "0"),
         "--concurrency must be at least 1",
     ),
+    "worker claiming a negative number ahead": (
+        ("runworker", "--burst", "--claim-ahead", "-1"),
+        "--claim-ahead must be 0 or more",
+    ),
 }
 
 
