@@ -424,6 +424,7 @@ class Worker:
                 release(ref)
             except Exception:  # the lease's expiry returns it
                 log.exception("event=release_failed run=%s", claim.id)
+        INFLIGHT.set(len(self._inflight))
 
     def _segment_finished(self, _future: Future[SegmentReport]) -> None:
         """A segment's end (on its pool thread): a slot is free, and the run it finalized
