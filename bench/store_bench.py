@@ -348,6 +348,8 @@ def cleat_throughput(
         str(processes),
         "--concurrency",
         str(concurrency),
+        "--claim-ahead",
+        str(concurrency),
         "--burst",
         log=f"cleat-throughput-p{processes}-c{concurrency}.log",
     )

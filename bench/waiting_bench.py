@@ -215,7 +215,7 @@ def run(cleat: Cleat, server: Server, args: argparse.Namespace) -> int:
     time.sleep(pause)
     server.psql(cleat.db, "VACUUM ANALYZE workflows_workflowinstance")
     spawn = timezone.now()
-    drain = cleat.runworker("--concurrency", "8", "--burst", log="drain.log")
+    drain = cleat.runworker("--concurrency", "8", "--claim-ahead", "8", "--burst", log="drain.log")
     code = drain.wait(timeout=3600)
 
     with tenant_context(cleat.tenant.id):

@@ -182,8 +182,8 @@ class WorkerOptions:
     # Runs claimed beyond the threads (None: as many as the threads): a busy worker claims
     # again only once a thread would otherwise have nothing to run, and then fills both its
     # threads and this queue in one claim -- one claim for many runs instead of one for each
-    # run or two. 0: claim only for idle threads.
-    claim_ahead: int | None = None
+    # run or two. 0 (the default): claim only for idle threads.
+    claim_ahead: int | None = 0
 
 
 class Worker:

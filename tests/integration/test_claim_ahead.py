@@ -1,6 +1,7 @@
-"""A worker claims ahead of its threads (WorkerOptions.claim_ahead): one claim fills the idle
-threads and a queue of as many runs again, and no claim is made while claimed runs still
-wait for a thread. On stop, the queued runs are given back at once, their attempts unspent.
+"""A worker may claim ahead of its threads (WorkerOptions.claim_ahead, runworker
+--claim-ahead; off by default): one claim fills the idle threads and a queue, and no claim is
+made while claimed runs still wait for a thread. On stop, the queued runs are given back at
+once, their attempts unspent.
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ pytestmark = pytest.mark.django_db(transaction=True)
 @pytest.mark.parametrize(
     ("ahead", "held", "free"),
     [
-        (None, 0, 8),  # idle: threads and queue
+        (None, 0, 8),  # as many ahead as threads; idle: threads and queue
         (None, 3, 5),  # a thread idle: fill up
         (None, 4, 4),  # every thread busy, nothing queued: refill the queue
         (None, 5, 0),  # a run waits for a thread: no claim
@@ -87,13 +88,9 @@ def test_on_stop_the_runs_no_thread_started_are_given_back(tenant: Any) -> None:
     assert {v[2] for v in given_back} == {runs[0].attempt}
 
 
-def test_the_default_threads_follow_the_cores(monkeypatch: Any) -> None:
-    import os
+def test_by_default_a_worker_claims_for_idle_threads_only() -> None:
+    from workflows.worker import Worker, WorkerOptions
 
-    from workflows.management.commands import runworker
-
-    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {0, 1})
-    assert runworker.default_concurrency("postgresql") == 8
-    assert runworker.default_concurrency("sqlite") == 1  # one writer
-    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: set(range(64)))
-    assert runworker.default_concurrency("mysql") == runworker.MAX_DEFAULT_CONCURRENCY
+    worker = Worker(WorkerOptions(concurrency=4))
+    worker._inflight = {Future(): None for _ in range(3)}  # type: ignore[misc]
+    assert worker._free_slots() == 1

@@ -20,21 +20,10 @@ from workflows.rls import bypass_reasons, format_reasons
 from workflows.services import ServiceError, get_tenant
 from workflows.worker import Worker, WorkerOptions, default_worker_id
 
-# The default threads of a worker process: 4 per core it may run on (segments wait on the
-# database about as long as they compute, and the group commit batches the appends of the
-# running segments, so more segments per process mean fewer transactions per step), at most
-# this many (one process runs Python on one core at a time); SQLite has one writer.
-MAX_DEFAULT_CONCURRENCY = 32
-
 
 def default_concurrency(vendor: str) -> int:
-    if vendor == "sqlite":
-        return 1
-    try:
-        cores = len(os.sched_getaffinity(0))
-    except AttributeError:  # not on Linux
-        cores = os.cpu_count() or 1
-    return max(1, min(MAX_DEFAULT_CONCURRENCY, 4 * cores))
+    """The default threads of a worker process: 4; 1 on SQLite (one writer)."""
+    return 1 if vendor == "sqlite" else 4
 
 
 class Command(BaseCommand):
@@ -46,8 +35,7 @@ class Command(BaseCommand):
             "--concurrency",
             type=int,
             default=None,
-            help="segments at once (threads; default: 4 per available core, at most "
-            f"{MAX_DEFAULT_CONCURRENCY}; 1 on SQLite)",
+            help="segments at once (threads; default 4, 1 on SQLite)",
         )
         parser.add_argument("--processes", type=int, default=1, help="worker processes to start")
         parser.add_argument("--worker-id", default=None)
@@ -57,9 +45,8 @@ class Command(BaseCommand):
         parser.add_argument(
             "--claim-ahead",
             type=int,
-            default=None,
-            help="runs claimed beyond the threads, queued for the next free one "
-            "(default: as many as --concurrency; 0: none)",
+            default=0,
+            help="runs claimed beyond the threads, queued for the next free one (default 0)",
         )
         parser.add_argument("--burst", action="store_true", help="exit when nothing is due")
         parser.add_argument(
@@ -101,7 +88,7 @@ class Command(BaseCommand):
             concurrency = default_concurrency(connection.vendor)
         if concurrency < 1:
             raise CommandError("--concurrency must be at least 1")
-        if options["claim_ahead"] is not None and options["claim_ahead"] < 0:
+        if options["claim_ahead"] < 0:
             raise CommandError("--claim-ahead must be 0 or more")
         try:
             tracing.tracer()  # a bad CLEAT_TRACING (or OTLP without its package) stops here
