@@ -319,7 +319,7 @@ def _release_after_database_loss(
     """Give the run back on a new connection (the thread's one is dead), retried a few
     times; the run keeps its attempt count."""
     log.warning("event=database_lost run=%s detail=%r (releasing the run)", claim.id, str(exc))
-    ref = RunRef(str(claim.tenant_id), "", str(claim.id), worker_id, claim.generation)
+    ref = claim.ref(worker_id)
     detail = f"database connection lost: {exc}"[:300]
     for pause in RELEASE_RETRY_S:
         time.sleep(pause)
@@ -388,7 +388,7 @@ def _fail_unloaded(
     started: float,
 ) -> SegmentReport:
     """Fail a claimed run whose load failed with ``outcome``."""
-    ref = RunRef(str(claim.tenant_id), "", str(claim.id), worker_id, claim.generation)
+    ref = claim.ref(worker_id)
     with tenant_context(claim.tenant_id):
         # As stored: opened, or kept sealed (the finalize writes it back unchanged).
         query_state = (

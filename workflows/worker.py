@@ -36,7 +36,6 @@ from django.db import close_old_connections, connection
 from django.utils import timezone
 from prometheus_client import Counter, Gauge, Histogram
 
-from engine.storage import RunRef
 from workflows import duties
 from workflows.executor import SegmentReport, execute_claim, get_services
 from workflows.maintenance import maintenance_on_beat
@@ -417,11 +416,8 @@ class Worker:
             if not (future.cancelled() or future.cancel()):
                 continue  # running: it finishes, bounded by its deadline
             del self._inflight[future]
-            ref = RunRef(
-                str(claim.tenant_id), "", str(claim.id), self.options.worker_id, claim.generation
-            )
             try:
-                release(ref)
+                release(claim.ref(self.options.worker_id))
             except Exception:  # the lease's expiry returns it
                 log.exception("event=release_failed run=%s", claim.id)
         INFLIGHT.set(len(self._inflight))

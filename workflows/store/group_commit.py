@@ -54,7 +54,7 @@ from django.conf import settings
 from django.db import connection
 from prometheus_client import Counter, Histogram
 
-from engine.events import EncodedEvent, Event, encode
+from engine.events import Event, encode
 from engine.storage import RunRef
 from workflows.crypto import seal_column
 from workflows.models import WorkflowEvent
@@ -123,14 +123,10 @@ class Settings:
 
 @dataclass(eq=False)
 class _Append:
-    tenant_id: uuid.UUID
     ref: RunRef
-    stored: Sequence[EncodedEvent]
-    first: int
-    now: datetime
     # what write_batch sends for it: the run's fence and its events, payloads sealed
-    run: dict[str, Any] = field(default_factory=dict)
-    rows: list[dict[str, Any]] = field(default_factory=list)
+    run: dict[str, Any]
+    rows: list[dict[str, Any]]
     done: threading.Event = field(default_factory=threading.Event)
     # True: committed; False: the fence did not match (nothing written); None: the batch
     # failed (nothing written): write it directly
@@ -188,7 +184,7 @@ class GroupCommit:
         transaction. True: committed; False: nothing written, the fence did not match (the
         caller's general path tells why); None: not batched, or the batch failed -- the
         caller writes them directly."""
-        if not events or not _consecutive(events) or not _can_batch():
+        if not events or not contiguous(events) or not _can_batch():
             return None
         with self._cond:
             if not self._count():
@@ -268,7 +264,7 @@ class GroupCommit:
             for item in batch:
                 item.committed = None
         else:
-            events = sum(len(item.stored) for item in batch)
+            events = sum(len(item.rows) for item in batch)
             BATCH_EVENTS.observe(events)
             BATCH_RUNS.observe(len(batch))
             with self._cond:
@@ -281,8 +277,9 @@ class GroupCommit:
                 item.done.set()
 
 
-def _consecutive(events: Sequence[Event]) -> bool:
-    first = events[0].step
+def contiguous(events: Sequence[Event]) -> bool:
+    """The events' steps follow one another (what the one-statement appends require)."""
+    first = events[0].step if events else 0
     return all(event.step == first + i for i, event in enumerate(events))
 
 
@@ -342,7 +339,7 @@ def prepared(tenant_id: uuid.UUID, ref: RunRef, events: Sequence[Event], now: da
         }
         for s in stored
     ]
-    return _Append(tenant_id, ref, stored, first, now, run, rows)
+    return _Append(ref, run, rows)
 
 
 _committer: GroupCommit | None = None

@@ -56,12 +56,12 @@ from workflows.models import (
     checkpoint_state,
 )
 from workflows.store import compaction, task_calls, wake
+from workflows.store.group_commit import contiguous
 from workflows.store.sql import queries
 from workflows.store.storage import (
     append_locked,
     append_params,
     client_side_binding,
-    contiguous,
     lock_fenced_instance,
     take_lock,
 )
@@ -79,6 +79,11 @@ class Claim:
     id: uuid.UUID
     tenant_id: uuid.UUID
     generation: int
+
+    def ref(self, worker_id: str) -> RunRef:
+        """The claim's fence for ``worker_id`` before the run is loaded (its workflow id is
+        not known yet: releasing or failing it needs none)."""
+        return RunRef(str(self.tenant_id), "", str(self.id), worker_id, self.generation)
 
 
 @dataclass(frozen=True)

@@ -82,6 +82,7 @@ from workflows.models import (
 )
 from workflows.policies import quotas_for, require_signal_auth
 from workflows.store import crons, group_commit, wake
+from workflows.store.group_commit import contiguous
 from workflows.store.sql import queries
 from workflows.tenancy import tenant_context
 
@@ -164,12 +165,6 @@ def append_locked(
             event_count=expected, heartbeat_at=now
         )
     return expected
-
-
-def contiguous(events: Sequence[Event]) -> bool:
-    """The events' steps follow one another (what the one-statement appends require)."""
-    first = events[0].step if events else 0
-    return all(event.step == first + i for i, event in enumerate(events))
 
 
 def append_params(ref: RunRef, stored: Sequence[EncodedEvent], now: datetime) -> list[Any]:

@@ -34,6 +34,23 @@ SET_TENANT = "SELECT set_config(%s, %s, true)"
 # its statements are planned once per connection instead of at every step.
 APPEND_EVENTS = "SELECT id FROM cleat.append_events(%s, %s)"
 APPEND_EVENTS_SIGNATURE = "cleat.append_events(json, json)"
+# The functions that run as their caller and set the run's tenant for RLS (the append, the
+# finalize, the load) keep the caller's setting in ``v_caller`` and put it back before they
+# return: a transaction-local setting would otherwise outlive the call in the caller's
+# transaction.
+_KEEP_CALLER_TENANT = f"v_caller text := current_setting('{TENANT_SETTING}', true);"
+_RESTORE_CALLER_TENANT = f"PERFORM set_config('{TENANT_SETTING}', COALESCE(v_caller, ''), true);"
+
+
+def _invoker_grants(role: str, *signatures: str) -> str:
+    """Functions that run as their caller: callable by ``role``, not by PUBLIC."""
+    return "".join(
+        f"REVOKE EXECUTE ON FUNCTION {signature} FROM PUBLIC;\n"
+        f"GRANT EXECUTE ON FUNCTION {signature} TO {role};\n"
+        for signature in signatures
+    )
+
+
 # The first argument lists each run (JSON: id, tenant, the first new step, the count after
 # it, owner, generation, heartbeat), the second every event (``run`` naming its run): two
 # text parameters, because quoting arrays of parameters in Python cost the worker more than
@@ -50,7 +67,7 @@ RETURNS TABLE(id uuid)
 LANGUAGE plpgsql AS $$
 #variable_conflict use_column
 DECLARE
-    v_caller text := current_setting('{TENANT_SETTING}', true);
+    {_KEEP_CALLER_TENANT}
     v_tenant uuid;
 BEGIN
     FOR v_tenant IN SELECT DISTINCT r.tenant FROM json_to_recordset(p_runs) AS r(tenant uuid)
@@ -82,7 +99,7 @@ BEGIN
         )
         SELECT fence.id FROM fence;
     END LOOP;
-    PERFORM set_config('{TENANT_SETTING}', COALESCE(v_caller, ''), true);
+    {_RESTORE_CALLER_TENANT}
 END
 $$;
 """
@@ -91,10 +108,7 @@ $$;
 def append_events_function_sql(role: str) -> str:
     """The per-step append's function (it runs as its caller, under RLS), callable by
     ``role``."""
-    return f"""{APPEND_EVENTS_FUNCTION}
-REVOKE EXECUTE ON FUNCTION {APPEND_EVENTS_SIGNATURE} FROM PUBLIC;
-GRANT EXECUTE ON FUNCTION {APPEND_EVENTS_SIGNATURE} TO {role};
-"""
+    return APPEND_EVENTS_FUNCTION + _invoker_grants(role, APPEND_EVENTS_SIGNATURE)
 
 
 # PostgreSQL: the load in one message of two calls (one round trip instead of five: BEGIN,
@@ -136,10 +150,10 @@ def _load_functions() -> str:
     )
     begin = f"""#variable_conflict use_column
 DECLARE
-    v_caller text := current_setting('{TENANT_SETTING}', true);
+    {_KEEP_CALLER_TENANT}
 BEGIN
     PERFORM set_config('{TENANT_SETTING}', p_tenant::text, true);"""
-    end = f"""    PERFORM set_config('{TENANT_SETTING}', COALESCE(v_caller, ''), true);
+    end = f"""    {_RESTORE_CALLER_TENANT}
 END
 $$;"""
     return f"""
@@ -175,12 +189,7 @@ LOAD_FUNCTIONS = _load_functions()
 
 def load_functions_sql(role: str) -> str:
     """The load's functions (they run as their caller, under RLS), callable by ``role``."""
-    grants = "\n".join(
-        f"REVOKE EXECUTE ON FUNCTION {signature} FROM PUBLIC;\n"
-        f"GRANT EXECUTE ON FUNCTION {signature} TO {role};"
-        for signature in LOAD_SIGNATURES
-    )
-    return f"{LOAD_FUNCTIONS}\n{grants}\n"
+    return LOAD_FUNCTIONS + _invoker_grants(role, *LOAD_SIGNATURES)
 
 
 # PostgreSQL: the finalize of a run that completed, in one call of the function below (one
@@ -234,7 +243,7 @@ RETURNS TABLE(parent_id uuid)
 LANGUAGE plpgsql AS $$
 #variable_conflict use_column
 DECLARE
-    v_caller text := current_setting('{TENANT_SETTING}', true);
+    {_KEEP_CALLER_TENANT}
     v_matched boolean := false;
     v_parent uuid;
 BEGIN
@@ -273,7 +282,7 @@ BEGIN
          WHERE u.instance_id = p_id AND u.status = {pending};
         RETURN QUERY SELECT v_parent;
     END IF;
-    PERFORM set_config('{TENANT_SETTING}', COALESCE(v_caller, ''), true);
+    {_RESTORE_CALLER_TENANT}
 END
 $$;
 """
@@ -285,10 +294,7 @@ FINALIZE_DONE_FUNCTION = _finalize_done_function()
 def finalize_done_function_sql(role: str) -> str:
     """The one-call finalize's function (it runs as its caller, under RLS), callable by
     ``role``."""
-    return f"""{FINALIZE_DONE_FUNCTION}
-REVOKE EXECUTE ON FUNCTION {FINALIZE_DONE_SIGNATURE} FROM PUBLIC;
-GRANT EXECUTE ON FUNCTION {FINALIZE_DONE_SIGNATURE} TO {role};
-"""
+    return FINALIZE_DONE_FUNCTION + _invoker_grants(role, FINALIZE_DONE_SIGNATURE)
 
 
 # --- the dispatch loop (through the definer functions below) ---------------------------------
