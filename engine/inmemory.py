@@ -40,6 +40,7 @@ from engine.storage import (
     DispatchTask,
     EnqueueInvocation,
     IncrState,
+    Interrupts,
     Mutation,
     PromiseState,
     ReleaseLock,
@@ -898,6 +899,9 @@ class InMemoryStorage:
                 for u in self.updates.values()
                 if u.run_id == run.run_id and u.status == "pending" and u.update_id not in exclude
             ]
+
+    def interrupts(self, run: RunRef, exclude: Collection[str]) -> Interrupts:
+        return Interrupts(self.cancellation(run), self.pending_updates(run, exclude))
 
     def heartbeat(self, run: RunRef) -> bool:
         with self._lock:

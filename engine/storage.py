@@ -84,6 +84,15 @@ class UpdateRequest:
     payload: str
 
 
+@dataclass(frozen=True, slots=True)
+class Interrupts:
+    """What a fresh blocking call looks at first, read together (``WorkflowStorage.interrupts``):
+    the cancellation request's reason (None: none) and the updates waiting for the run."""
+
+    cancellation: str | None
+    updates: list[UpdateRequest]
+
+
 # --- Mutations: state changes ``apply`` performs atomically with their events -----------
 
 
@@ -286,6 +295,10 @@ class WorkflowStorage(Protocol):
     def list_schedules(self, run: RunRef) -> list[dict[str, Any]]: ...
 
     def pending_updates(self, run: RunRef, exclude: Collection[str]) -> list[UpdateRequest]: ...
+
+    def interrupts(self, run: RunRef, exclude: Collection[str]) -> Interrupts:
+        """``cancellation(run)`` and ``pending_updates(run, exclude)`` in one read (a fresh
+        blocking call asks both: one round trip where the store can)."""
 
     # Task calls (``DispatchTask``) ----------------------------------------------------------
     def task_call(self, run: RunRef, step: int) -> TaskCallRecord | None:

@@ -80,7 +80,7 @@ from engine.outcomes import (
 from engine.services import CallResult, Services
 from engine.status import AbiStatus, status_from_byte
 from engine.storable import json_text_fault, readable_text, text_fault
-from engine.storage import Mutation, RunRef, WorkflowStorage
+from engine.storage import Mutation, RunRef, UpdateRequest, WorkflowStorage
 from engine.tracing import traced_call
 
 log = logging.getLogger("cleat.engine")
@@ -389,8 +389,15 @@ class ReplayCore:
 
     def _blocking_preamble(self) -> str | None:
         """At a fresh blocking call: hand pending updates to their handlers, then report a
-        cancellation request (the call then returns CANCELLED)."""
-        self._offer_updates()
+        cancellation request (the call then returns CANCELLED). Both come from one storage
+        read; when handlers ran, the cancellation is read again after them (they took time,
+        and a request that came meanwhile must be seen before the run blocks)."""
+        if not self._may_offer_updates():
+            return self.storage.cancellation(self.ref)
+        found = self.storage.interrupts(self.ref, self._applied_update_ids)
+        if not found.updates:
+            return found.cancellation
+        self._apply_pending_updates(found.updates)
         return self.storage.cancellation(self.ref)
 
     def _deadline(self, base: int, timeout_ms: int) -> int | None:
@@ -435,16 +442,18 @@ class ReplayCore:
 
     # --- updates ---
 
-    def _offer_updates(self) -> None:
+    def _may_offer_updates(self) -> bool:
+        """Updates are handed over at blocking calls when the backend can call into the
+        guest meanwhile, and not from inside a handler."""
         backend = self._backend
-        if self._update_depth or backend is None or not backend.supports_reentry:
-            return
-        self._apply_pending_updates()
+        return not self._update_depth and backend is not None and backend.supports_reentry
 
-    def _apply_pending_updates(self) -> None:
-        """Record each update waiting in storage (one event each, at the end of the history)
-        and run it (both backends)."""
-        for request in self.storage.pending_updates(self.ref, self._applied_update_ids):
+    def _apply_pending_updates(self, requests: Sequence[UpdateRequest] | None = None) -> None:
+        """Record each update waiting in storage (``requests`` when they were just read; one
+        event each, at the end of the history) and run it (both backends)."""
+        if requests is None:
+            requests = self.storage.pending_updates(self.ref, self._applied_update_ids)
+        for request in requests:
             event = self._record(
                 UpdateAppliedEvent(
                     step=self.step,

@@ -490,6 +490,36 @@ def test_cancellation_reaches_a_waiting_run(make_env: MakeEnv) -> None:
     assert env.result(run) == [[5, ""]]
 
 
+def test_a_sleep_answers_the_pending_update_then_reports_the_cancellation(
+    make_env: MakeEnv,
+) -> None:
+    """Both wait for the run when it reaches its sleep: the one read of both (on PostgreSQL
+    one function call) hands the update to its handler first, then the sleep returns
+    CANCELLED (5) without waiting."""
+    w = Wat()
+    w.func(
+        "bump",
+        f"(drop (call $set_query_state {w.s('bumped')} {w.input()})) {w.reply(0, 'bumped!')}",
+    )
+    w.run(
+        f"""
+    (drop (call $register_update_handler {w.s("bump")}))
+    (call $recn (call $durable_sleep (i64.const 60000)))
+    (call $finish)"""
+    )
+    env = make_env()
+    env.deploy("sleeper", w.wasm())
+    run = env.run("sleeper")
+    first, second = env.update(run, "bump", {"by": 1}), env.update(run, "bump", {"by": 2})
+    env.cancel(run, "no longer needed")
+    env.run_until_idle()
+    assert env.update_result(first) == ("done", "bumped!")
+    assert env.update_result(second) == ("done", "bumped!")
+    assert env.describe(run)["query_state"] == {"bumped": '{"by":2}'}  # in the order sent
+    assert env.result(run) == [5]
+    assert types(env, run).count("update_applied") == 2
+
+
 def test_a_terminated_runs_timer_never_fires(make_env: MakeEnv) -> None:
     env = make_env({"pay": FakeService({"charge": 1, "receipt": 2})})
     env.deploy("order", call_sleep_call().wasm())

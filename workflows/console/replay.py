@@ -153,6 +153,9 @@ class _SealedStorage:
     def pending_updates(self, run: RunRef, exclude: Collection[str]) -> list[Any]:
         return _stop("pending_updates")  # type: ignore[no-any-return]
 
+    def interrupts(self, run: RunRef, exclude: Collection[str]) -> Any:
+        return _stop("interrupts")
+
     def heartbeat(self, run: RunRef) -> bool:
         return _stop("heartbeat")  # type: ignore[no-any-return]
 

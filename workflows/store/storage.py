@@ -12,7 +12,7 @@ two instance locks at once.
 from __future__ import annotations
 
 import uuid
-from collections.abc import Callable, Collection, Sequence
+from collections.abc import Callable, Collection, Iterable, Sequence
 from datetime import datetime, timedelta
 from typing import Any
 
@@ -35,6 +35,7 @@ from engine.storage import (
     DispatchTask,
     EnqueueInvocation,
     IncrState,
+    Interrupts,
     Mutation,
     PromiseState,
     ReleaseLock,
@@ -520,14 +521,15 @@ class DjangoStorage:
 
     def cancellation(self, run: RunRef) -> str | None:
         with tenant_context(self.tenant_id):
-            row = (
-                WorkflowInstance.objects.filter(id=run.run_id, tenant_id=self.tenant_id)
-                .values_list("cancel_requested", "cancel_reason")
-                .first()
-            )
-        if not row or not row[0]:
-            return None
-        return row[1] or "cancelled"
+            return self._cancellation(run)
+
+    def _cancellation(self, run: RunRef) -> str | None:
+        row = (
+            WorkflowInstance.objects.filter(id=run.run_id, tenant_id=self.tenant_id)
+            .values_list("cancel_requested", "cancel_reason")
+            .first()
+        )
+        return _cancel_reason(*row) if row else None
 
     def child_outcome(self, run: RunRef, child_run_id: str) -> ChildOutcome | None:
         with tenant_context(self.tenant_id):
@@ -572,23 +574,48 @@ class DjangoStorage:
 
     def pending_updates(self, run: RunRef, exclude: Collection[str]) -> list[UpdateRequest]:
         with tenant_context(self.tenant_id):
-            rows = (
-                UpdateRequestRow.objects.filter(
-                    tenant_id=self.tenant_id, instance_id=run.run_id, status="pending"
-                )
-                .order_by("created_at", "id")
-                .values_list("id", "name", "payload")
+            return self._pending_updates(run, exclude)
+
+    def _pending_updates(self, run: RunRef, exclude: Collection[str]) -> list[UpdateRequest]:
+        rows = (
+            UpdateRequestRow.objects.filter(
+                tenant_id=self.tenant_id, instance_id=run.run_id, status="pending"
             )
-            return [
-                UpdateRequest(
-                    str(i),
-                    n,
-                    open_column(UpdateRequestRow, "payload", self.tenant_id, (run.run_id,), p)
-                    or "",
-                )
-                for i, n, p in rows
-                if str(i) not in exclude
-            ]
+            .order_by("created_at", "id")
+            .values_list("id", "name", "payload")
+        )
+        return self._updates(run, rows, exclude)
+
+    def _updates(
+        self, run: RunRef, rows: Iterable[Sequence[Any]], exclude: Collection[str]
+    ) -> list[UpdateRequest]:
+        """Pending updates from their (id, name, sealed payload) rows, those in ``exclude``
+        left out."""
+        return [
+            UpdateRequest(
+                str(i),
+                n,
+                open_column(UpdateRequestRow, "payload", self.tenant_id, (run.run_id,), p) or "",
+            )
+            for i, n, p in rows
+            if str(i) not in exclude
+        ]
+
+    def interrupts(self, run: RunRef, exclude: Collection[str]) -> Interrupts:
+        """On PostgreSQL outside a transaction, one call of ``cleat.run_interrupts`` (one
+        round trip instead of two transactions of four); elsewhere both reads in one
+        transaction."""
+        sql = queries(connection).get("run_interrupts")
+        if sql is None or connection.in_atomic_block:
+            with tenant_context(self.tenant_id):
+                return Interrupts(self._cancellation(run), self._pending_updates(run, exclude))
+        with connection.cursor() as cursor:
+            cursor.execute(sql, [str(self.tenant_id), run.run_id])
+            rows = cursor.fetchall()
+        if not rows:  # the run is gone
+            return Interrupts(None, [])
+        updates = self._updates(run, (row[2:] for row in rows if row[2] is not None), exclude)
+        return Interrupts(_cancel_reason(rows[0][0], rows[0][1]), updates)
 
     # --- task calls -----------------------------------------------------------------------
 
@@ -650,6 +677,11 @@ class DjangoStorage:
 
 
 # --- helpers shared with the services ------------------------------------------------------------
+
+
+def _cancel_reason(requested: bool, reason: str | None) -> str | None:
+    """The reason a cancellation request gives the run (None: none was made)."""
+    return (reason or "cancelled") if requested else None
 
 
 def _uuid_or_none(text: str) -> uuid.UUID | None:
