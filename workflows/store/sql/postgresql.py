@@ -462,19 +462,9 @@ GRANT SELECT, UPDATE ON workflows_tenant TO {DISPATCHER_ROLE};
 """
 
 
-def definer_functions_sql(role: str) -> str:
-    """The cross-tenant statements of the dispatch loop, as definer functions."""
-    return f"""
-DROP FUNCTION IF EXISTS cleat.claim_instances(text, text[], integer, timestamptz, uuid, integer);
-CREATE OR REPLACE FUNCTION cleat.claim_instances(
-    p_worker text, p_queues text[], p_limit integer, p_now timestamptz, p_tenant uuid,
-    p_default_cap integer, p_run uuid)
-RETURNS TABLE(id uuid, tenant_id uuid, generation bigint)
-LANGUAGE plpgsql SECURITY DEFINER SET search_path = public, pg_temp AS $$
-#variable_conflict use_column
-BEGIN
-    RETURN QUERY
-    WITH room AS (
+# The claim's statement, for ``cleat.claim_instances``: the worker's (all tenants, any run)
+# and the general one (``p_tenant``, ``p_run``), the same statement but for their filters.
+_CLAIM_STATEMENT = """    WITH room AS (
         SELECT t.id AS tenant_id, t.last_claimed_at,
                CASE WHEN COALESCE(t.max_running, p_default_cap) > 0
                     THEN LEAST(p_limit, COALESCE(t.max_running, p_default_cap) - (
@@ -484,12 +474,11 @@ BEGIN
                                  LIMIT COALESCE(t.max_running, p_default_cap)) AS n))
                     ELSE p_limit END AS room
           FROM workflows_tenant AS t
-         WHERE t.is_active AND (p_tenant IS NULL OR t.id = p_tenant)
+         WHERE t.is_active{tenant}
            -- only tenants with something due pay for counting their running runs
            AND EXISTS (SELECT 1 FROM workflows_workflowinstance AS w
                         WHERE w.tenant_id = t.id AND w.status = 'ready'
-                          AND w.next_wake_at <= p_now AND w.task_queue = ANY(p_queues)
-                          AND (p_run IS NULL OR w.id = p_run))
+                          AND w.next_wake_at <= p_now AND w.task_queue = ANY(p_queues){run_w})
     ),
     -- Each (tenant, queue) reads its most urgent runs off instance_tenant_due_order in its
     -- order, stopping at the room: an equality on the queue (not = ANY) keeps that order,
@@ -504,8 +493,7 @@ BEGIN
                         SELECT d.id, d.tenant_id, d.priority, d.next_wake_at, d.created_at
                           FROM workflows_workflowinstance AS d
                          WHERE d.tenant_id = r.tenant_id AND d.status = 'ready'
-                           AND d.task_queue = queue.name AND d.next_wake_at <= p_now
-                           AND (p_run IS NULL OR d.id = p_run)
+                           AND d.task_queue = queue.name AND d.next_wake_at <= p_now{run_d}
                          ORDER BY d.priority DESC, d.next_wake_at, d.created_at
                          LIMIT GREATEST(r.room, 0)
                            FOR UPDATE SKIP LOCKED) AS q
@@ -543,7 +531,50 @@ BEGIN
         RETURNING 1
     )
     SELECT claimed.id, claimed.tenant_id, claimed.generation FROM claimed;
-END
+"""
+
+
+def _claim_statement(general: bool) -> str:
+    if not general:
+        return _CLAIM_STATEMENT.format(tenant="", run_w="", run_d="")
+    return _CLAIM_STATEMENT.format(
+        tenant=" AND (p_tenant IS NULL OR t.id = p_tenant)",
+        run_w="\n                          AND (p_run IS NULL OR w.id = p_run)",
+        run_d="\n                           AND (p_run IS NULL OR d.id = p_run)",
+    )
+
+
+_CLAIM_COMMON = _claim_statement(general=False)
+_CLAIM_GENERAL = _claim_statement(general=True)
+
+
+def definer_functions_sql(role: str) -> str:
+    """The cross-tenant statements of the dispatch loop, as definer functions."""
+    return f"""
+DROP FUNCTION IF EXISTS cleat.claim_instances(text, text[], integer, timestamptz, uuid, integer);
+CREATE OR REPLACE FUNCTION cleat.claim_instances(
+    p_worker text, p_queues text[], p_limit integer, p_now timestamptz, p_tenant uuid,
+    p_default_cap integer, p_run uuid)
+RETURNS TABLE(id uuid, tenant_id uuid, generation bigint)
+LANGUAGE plpgsql SECURITY DEFINER SET search_path = public, pg_temp AS $$
+#variable_conflict use_column
+DECLARE
+    v_mode text;
+BEGIN
+    IF p_tenant IS NULL AND p_run IS NULL THEN
+        -- The worker's claim, on every loop: planned once per connection (a generic plan,
+        -- made again when the table's statistics change) instead of at every call, where
+        -- planning cost as much as the claim. The caller's setting is put back after it.
+        v_mode := current_setting('plan_cache_mode');
+        PERFORM set_config('plan_cache_mode', 'force_generic_plan', true);
+        RETURN QUERY
+{_CLAIM_COMMON}
+        PERFORM set_config('plan_cache_mode', v_mode, true);
+        RETURN;
+    END IF;
+    -- One tenant's runs, or one named run (the broker dispatch): planned for the values.
+    RETURN QUERY
+{_CLAIM_GENERAL}END
 $$;
 
 CREATE OR REPLACE FUNCTION cleat.reap_expired_leases(p_cutoff timestamptz, p_now timestamptz)
