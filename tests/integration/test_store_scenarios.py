@@ -420,3 +420,46 @@ def test_postgres_load_in_one_message_reads_what_the_orm_reads(
     monkeypatch.undo()
     moved_on = lifecycle.Claim(claim.id, claim.tenant_id, claim.generation + 1)
     assert lifecycle._load_in_one_message(moved_on, "cmp") == (True, None)
+
+
+@pytest.mark.postgres_only
+def test_postgres_blocking_read_in_one_call_reads_what_the_orm_reads(make_env: Any) -> None:
+    """``cleat.run_interrupts`` returns the cancellation and the pending updates (oldest
+    first, payloads opened) that the two ORM reads return; ``exclude`` leaves applied ones
+    out; a run that is gone reads as nothing; and the function puts the caller's tenant
+    setting back."""
+    from django.db import connection, transaction
+
+    from engine.storage import Interrupts, RunRef
+    from workflows.store.storage import DjangoStorage
+    from workflows.tenancy import TENANT_SETTING
+
+    env = make_env()
+    w = Wat()
+    w.run("(call $recn (call $durable_sleep (i64.const 60000))) (call $finish)")
+    env.deploy("sleeper", w.wasm())
+    run = env.start("sleeper")
+    first, second = env.update(run, "bump", {"by": 1}), env.update(run, "bump", {"by": 2})
+    env.cancel(run, "no longer needed")
+    storage = DjangoStorage(env.tenant.id)
+    ref = RunRef(str(env.tenant.id), "", run, "reader", 0)
+
+    quick = storage.interrupts(ref, set())
+    with transaction.atomic():  # inside a transaction: the ORM's two reads
+        slow = storage.interrupts(ref, set())
+    assert quick == slow
+    assert quick.cancellation == "no longer needed"
+    assert [(u.update_id, u.payload) for u in quick.updates] == [
+        (first, '{"by":1}'),
+        (second, '{"by":2}'),
+    ]
+    assert [u.update_id for u in storage.interrupts(ref, {first}).updates] == [second]
+    gone = RunRef(str(env.tenant.id), "", str(uuid_of("0" * 32)), "reader", 0)
+    assert storage.interrupts(gone, set()) == Interrupts(None, [])
+
+    with transaction.atomic(), connection.cursor() as cursor:
+        cursor.execute("SELECT set_config(%s, %s, true)", [TENANT_SETTING, "caller"])
+        cursor.execute("SELECT count(*) FROM cleat.run_interrupts(%s, %s)", [ref.tenant_id, run])
+        assert cursor.fetchone()[0] == 2
+        cursor.execute("SELECT current_setting(%s)", [TENANT_SETTING])
+        assert cursor.fetchone()[0] == "caller"

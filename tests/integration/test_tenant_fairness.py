@@ -119,6 +119,78 @@ def test_priority_orders_a_tenants_own_runs(tenant: Tenant) -> None:
     assert first is not None and first.id == urgent.id
 
 
+def test_a_claim_over_several_queues_takes_the_most_urgent_runs_of_all_in_order(
+    tenant: Tenant,
+) -> None:
+    """Runs in two queues, a queue named twice: one claim takes the most urgent of both
+    queues together (priority, then due time, then creation: the runs due at one instant
+    come in the order they were made), each once; the worker's claim (every tenant) and a
+    claim of that one tenant choose the same runs; one run at a time, they come in that
+    order."""
+    definition = definitions.deploy_definition(tenant, "work", calls("a"))
+    due = timezone.now() - timedelta(seconds=5)
+    made = timezone.now() - timedelta(minutes=1)
+    plan = [  # (queue, priority, due offset s, creation offset ms)
+        ("q1", 0, 0, 0),
+        ("q2", 5, 1, 1),
+        ("q1", 5, 2, 2),
+        ("q2", 0, 0, 3),
+        ("q1", 0, 0, 4),
+        ("other", 9, 0, 5),
+    ]
+
+    def fresh_runs() -> list[Any]:
+        with tenant_context(tenant.id):
+            WorkflowInstance.objects.filter(tenant=tenant).delete()
+            made_runs = WorkflowInstance.objects.bulk_create(
+                WorkflowInstance(
+                    tenant=tenant,
+                    workflow_id=f"q-{n}",
+                    definition=definition,
+                    definition_name=definition.name,
+                    definition_version=definition.version,
+                    task_queue=queue,
+                    priority=priority,
+                    next_wake_at=due + timedelta(seconds=offset),
+                    created_at=made + timedelta(milliseconds=created),
+                )
+                for n, (queue, priority, offset, created) in enumerate(plan)
+            )
+        # priority 5 (due +1 s before +2 s), then priority 0 by due time, then creation
+        return [made_runs[i].id for i in (1, 2, 0, 3, 4)]
+
+    now = timezone.now()
+    expected = fresh_runs()
+    claimed = claim_ready_instances("multi", ["q1", "q2", "q1"], 4, now)
+    assert sorted(c.id for c in claimed) == sorted(expected[:4])  # each once
+    expected = fresh_runs()
+    one_tenant = claim_ready_instances("multi", ["q2", "q1"], 4, now, tenant.id)
+    assert sorted(c.id for c in one_tenant) == sorted(expected[:4])
+    expected = fresh_runs()
+    order = [claim_ready_instances("multi", ["q1", "q2"], 1, now)[0].id for _ in range(5)]
+    assert order == expected
+    assert claim_ready_instances("multi", ["q1", "q2"], 1, now) == []  # "other" is not asked
+
+
+@pytest.mark.postgres_only
+def test_the_workers_claim_leaves_the_callers_plan_setting_as_it_was(tenant: Tenant) -> None:
+    """PostgreSQL: the worker's claim runs with a generic plan, set inside the function and
+    put back, so a claim inside a caller's transaction does not change its setting."""
+    from django.db import transaction
+
+    definition = definitions.deploy_definition(tenant, "work", calls("a"))
+    queue_runs(tenant, definition, 2, priority=0)
+    with transaction.atomic(), connection.cursor() as cursor:
+        cursor.execute("SET LOCAL plan_cache_mode = force_custom_plan")
+        assert len(claim_ready_instances("plan", ["default"], 1, timezone.now())) == 1
+        cursor.execute("SHOW plan_cache_mode")
+        assert cursor.fetchone()[0] == "force_custom_plan"
+    with connection.cursor() as cursor:
+        assert len(claim_ready_instances("plan", ["default"], 1, timezone.now())) == 1
+        cursor.execute("SHOW plan_cache_mode")
+        assert cursor.fetchone()[0] == "auto"
+
+
 def test_claims_stop_at_the_tenants_running_cap(tenant: Tenant, noisy: Tenant) -> None:
     """A cap of 2 on the noisy tenant: a claim asking for 5 gets its 2 plus the other
     tenant's run; nothing more of it until one of its runs stops running."""

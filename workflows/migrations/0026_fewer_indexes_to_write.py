@@ -6,11 +6,14 @@ their tenant (every other index of the table leads with it).
 Only the indexes are dropped: the foreign keys stay as they are (an AlterField would drop
 and re-add each constraint, and re-adding one checks every row of the table). On MariaDB
 nothing changes: InnoDB keeps the indexes its foreign keys need, and Django makes none of
-its own there."""
+its own there; nor on SQL Server (written, not tested: the project runs no SQL Server), whose
+DROP INDEX takes another form."""
 
 import django.db.models.deletion
 from django.db import migrations, models
 
+# The databases whose foreign keys have an index Django made (MariaDB's are InnoDB's own).
+VENDORS = ("postgresql", "sqlite")
 # (table, column): the single-column indexes Django made for these foreign keys.
 INDEXED = (
     ("workflows_workflowevent", "instance_id"),
@@ -36,7 +39,7 @@ def _own_indexes(schema_editor, table, column):
 
 
 def drop_indexes(apps, schema_editor):
-    if schema_editor.connection.vendor == "mysql":
+    if schema_editor.connection.vendor not in VENDORS:
         return
     for table, column in INDEXED:
         for name in _own_indexes(schema_editor, table, column):
@@ -44,7 +47,7 @@ def drop_indexes(apps, schema_editor):
 
 
 def create_indexes(apps, schema_editor):
-    if schema_editor.connection.vendor == "mysql":
+    if schema_editor.connection.vendor not in VENDORS:
         return
     for table, column in INDEXED:
         if _own_indexes(schema_editor, table, column):

@@ -1,9 +1,9 @@
 """The worker's claim (every tenant, no named run) is planned once per connection: its
 statement is the general claim's without the tenant and run filters, run with a generic plan
-(made again when the table's statistics change) instead of being planned at every call,
-where planning cost as much as the claim: about 1.0 ms -> 0.4 ms per call with nothing due,
-1.7 -> 1.3 ms among 3,000 due runs. A claim for one tenant or one named run (the broker
-dispatch) is planned for its values, as before.
+(made again when PostgreSQL invalidates it, and with each connection) instead of being
+planned at every call, where planning cost as much as the claim: about 1.0 -> 0.4 ms per
+call with nothing due, 1.7 -> 1.3 ms among 3,000 due runs. A claim for one tenant or one
+named run (the broker dispatch) is planned for its values, as before.
 
 The SQL is a frozen copy (a migration must not import the app's live modules); the live
 definition is in workflows/store/sql/postgresql.py. Reversing reinstalls migration 0025's
@@ -26,7 +26,8 @@ DECLARE
 BEGIN
     IF p_tenant IS NULL AND p_run IS NULL THEN
         -- The worker's claim, on every loop: planned once per connection (a generic plan,
-        -- made again when the table's statistics change) instead of at every call, where
+        -- made again when PostgreSQL invalidates it, as after an ANALYZE that changes the
+        -- table's size, and with each new connection) instead of at every call, where
         -- planning cost as much as the claim. The caller's setting is put back after it.
         v_mode := current_setting('plan_cache_mode');
         PERFORM set_config('plan_cache_mode', 'force_generic_plan', true);
@@ -50,6 +51,8 @@ BEGIN
     -- Each (tenant, queue) reads its most urgent runs off instance_tenant_due_order in its
     -- order, stopping at the room: an equality on the queue (not = ANY) keeps that order,
     -- so a claim among many due runs reads a few index entries instead of sorting them all.
+    -- A worker of K queues locks up to K x room rows for the statement and takes room of
+    -- them: another claim skips the rest until this one commits.
     candidates AS (
         SELECT c.id, c.tenant_id, r.last_claimed_at, c.priority, c.next_wake_at, c.created_at
           FROM room AS r
@@ -124,6 +127,8 @@ BEGIN
     -- Each (tenant, queue) reads its most urgent runs off instance_tenant_due_order in its
     -- order, stopping at the room: an equality on the queue (not = ANY) keeps that order,
     -- so a claim among many due runs reads a few index entries instead of sorting them all.
+    -- A worker of K queues locks up to K x room rows for the statement and takes room of
+    -- them: another claim skips the rest until this one commits.
     candidates AS (
         SELECT c.id, c.tenant_id, r.last_claimed_at, c.priority, c.next_wake_at, c.created_at
           FROM room AS r
