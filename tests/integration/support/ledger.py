@@ -36,6 +36,7 @@ class Ledger:
         self.entries: dict[str, Entry] = {}
         self.requests: Counter[str] = Counter()
         self.mismatches: list[str] = []
+        self.truncated = 0  # requests whose body never arrived whole (not acted on)
         self._hold_s = 0.0
         self._released = threading.Event()
         self._held = 0
@@ -115,6 +116,14 @@ class Ledger:
             def do_POST(self) -> None:
                 length = int(self.headers.get("Content-Length") or 0)
                 body = self.rfile.read(length)
+                if len(body) < length:
+                    # The client went away mid-request (http.client sends the headers and
+                    # the body in two writes: a worker killed between them leaves only the
+                    # headers). A real service never acts on a request it did not receive
+                    # whole: nothing is done, nothing answered.
+                    ledger.truncated += 1
+                    self.close_connection = True
+                    return
                 status, text = ledger.handle(
                     self.path.strip("/"), self.headers.get("Idempotency-Key", ""), body
                 )
