@@ -40,6 +40,16 @@ APPEND_EVENTS_SIGNATURE = "cleat.append_events(json, json)"
 # transaction.
 _KEEP_CALLER_TENANT = f"v_caller text := current_setting('{TENANT_SETTING}', true);"
 _RESTORE_CALLER_TENANT = f"PERFORM set_config('{TENANT_SETTING}', COALESCE(v_caller, ''), true);"
+# The body of an invoker function that reads as the run's tenant ``p_tenant`` (the load,
+# the blocking call's read): it opens with the tenant set and closes with the caller's back.
+_AS_RUNS_TENANT_BEGIN = f"""#variable_conflict use_column
+DECLARE
+    {_KEEP_CALLER_TENANT}
+BEGIN
+    PERFORM set_config('{TENANT_SETTING}', p_tenant::text, true);"""
+_AS_RUNS_TENANT_END = f"""    {_RESTORE_CALLER_TENANT}
+END
+$$;"""
 
 
 def _invoker_grants(role: str, *signatures: str) -> str:
@@ -148,14 +158,7 @@ def _load_functions() -> str:
         "r.id = p_id AND r.tenant_id = p_tenant AND r.generation = p_generation\n"
         f"           AND r.assigned_to = p_worker AND r.status = {running}"
     )
-    begin = f"""#variable_conflict use_column
-DECLARE
-    {_KEEP_CALLER_TENANT}
-BEGIN
-    PERFORM set_config('{TENANT_SETTING}', p_tenant::text, true);"""
-    end = f"""    {_RESTORE_CALLER_TENANT}
-END
-$$;"""
+    begin, end = _AS_RUNS_TENANT_BEGIN, _AS_RUNS_TENANT_END
     return f"""
 CREATE OR REPLACE FUNCTION cleat.load_instance(
     p_tenant uuid, p_id uuid, p_generation bigint, p_worker text)
@@ -215,11 +218,7 @@ CREATE OR REPLACE FUNCTION cleat.run_interrupts(p_tenant uuid, p_id uuid)
 RETURNS TABLE(cancel_requested boolean, cancel_reason text, update_id uuid,
               update_name varchar, update_payload text)
 LANGUAGE plpgsql AS $$
-#variable_conflict use_column
-DECLARE
-    {_KEEP_CALLER_TENANT}
-BEGIN
-    PERFORM set_config('{TENANT_SETTING}', p_tenant::text, true);
+{_AS_RUNS_TENANT_BEGIN}
     RETURN QUERY
     SELECT r.cancel_requested, r.cancel_reason, u.id, u.name, u.payload
       FROM {instance} AS r
@@ -227,9 +226,7 @@ BEGIN
         ON u.instance_id = r.id AND u.tenant_id = p_tenant AND u.status = {pending}
      WHERE r.id = p_id AND r.tenant_id = p_tenant
      ORDER BY u.created_at, u.id;
-    {_RESTORE_CALLER_TENANT}
-END
-$$;
+{_AS_RUNS_TENANT_END}
 """
 
 
