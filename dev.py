@@ -223,6 +223,10 @@ def ensure_assemblyscript() -> None:
     stamp.write_text(digest)
 
 
+# Each pass ends with its slowest tests, to keep the whole run's time in view.
+SLOWEST = ["--durations=15", "--durations-min=5"]
+
+
 def cmd_test(args: argparse.Namespace) -> None:
     ensure_mysql_client_headers()
     ensure_chromium()
@@ -259,10 +263,10 @@ def cmd_test(args: argparse.Namespace) -> None:
         step("mypy engine/", [PY, "-m", "mypy"])
         # Everything on SQLite; the database-facing suites again on the real servers (they
         # fail, not skip, when a server is missing).
-        step("pytest (SQLite)", [PY, "-m", "pytest", "-m", "not postgres_only"])
+        step("pytest (SQLite)", [PY, "-m", "pytest", "-m", "not postgres_only", *SLOWEST])
         step(
             "pytest (PostgreSQL, as the RLS-bound application role)",
-            [PY, "-m", "pytest", "tests/integration", "-p", "no:cacheprovider"],
+            [PY, "-m", "pytest", "tests/integration", "-p", "no:cacheprovider", *SLOWEST],
             env={"CLEAT_TEST_DB": "postgres"},
         )
         step(
@@ -276,6 +280,7 @@ def cmd_test(args: argparse.Namespace) -> None:
                 "not postgres_only",
                 "-p",
                 "no:cacheprovider",
+                *SLOWEST,
             ],
             env={"CLEAT_TEST_DB": "mariadb"},
         )

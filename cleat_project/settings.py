@@ -279,9 +279,16 @@ CELERY_TASK_DEFAULT_QUEUE = env.str("CELERY_TASK_DEFAULT_QUEUE", default="celery
 CELERY_TASK_ACKS_LATE = True
 CELERY_TASK_REJECT_ON_WORKER_LOST = True
 CELERY_WORKER_PREFETCH_MULTIPLIER = env.int("CELERY_WORKER_PREFETCH_MULTIPLIER", default=1)
-CELERY_BROKER_TRANSPORT_OPTIONS = env.json(
-    "CELERY_BROKER_TRANSPORT_OPTIONS", default={"visibility_timeout": 3600}
-)
+# Defaults, with CELERY_BROKER_TRANSPORT_OPTIONS's keys over them. confirm_publish (AMQP):
+# a publish returns once RabbitMQ has taken the message (on disk, for cleat's durable
+# queues), so a broker that stops with the message still in a socket fails the publish,
+# and the run publishes it again, instead of losing it while the call counts as sent.
+# visibility_timeout (Redis): how long an unacknowledged task waits to be delivered again.
+CELERY_BROKER_TRANSPORT_OPTIONS = {
+    "visibility_timeout": 3600,
+    "confirm_publish": True,
+    **env.json("CELERY_BROKER_TRANSPORT_OPTIONS", default={}),
+}
 CLEAT_CELERY_APP = env.str("CLEAT_CELERY_APP", default="cleat_project.celery.app")
 CLEAT_CELERY_TIMEOUT_SECONDS = env.float("CLEAT_CELERY_TIMEOUT_SECONDS", default=3600.0)
 CLEAT_CELERY_PERMANENT_ERRORS = env.list("CLEAT_CELERY_PERMANENT_ERRORS", default=[])

@@ -330,6 +330,50 @@ def test_runs_of_celery_tasks_on_rabbitmq_survive_a_broker_restart(
     )
 
 
+def test_publishes_to_rabbitmq_wait_for_the_brokers_confirm() -> None:
+    """cleat's app publishes with RabbitMQ's publisher confirms on, also when the deployment
+    sets transport options of its own (they are merged over the defaults): a message lost with
+    a stopping broker fails its publish, and the run publishes it again, instead of counting as
+    sent (the broker-restart test above)."""
+    require(RABBITMQ_URL)
+    queue = unique_queue()
+    script = f"""
+import json
+import django
+django.setup()
+from kombu import Queue
+from cleat_project.celery import app
+with app.connection_for_write() as conn:
+    with conn.Producer() as producer:
+        producer.publish({{"n": 1}}, routing_key={queue!r},
+                         declare=[Queue({queue!r}, auto_delete=True)])
+    print(json.dumps({{
+        "options": app.conf.broker_transport_options,
+        "confirm_publish": conn.connection.confirm_publish,
+        "confirm_selected": conn.default_channel._confirm_selected,
+    }}))
+"""
+    env = command_env(
+        {},
+        CELERY_BROKER_URL=RABBITMQ_URL,
+        CELERY_BROKER_TRANSPORT_OPTIONS=json.dumps({"visibility_timeout": 20}),
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", script],
+        env=env,
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    seen = json.loads(done.stdout.strip().splitlines()[-1])
+    assert seen["options"] == {"visibility_timeout": 20, "confirm_publish": True}
+    assert seen["confirm_publish"] is True
+    assert seen["confirm_selected"] is True
+
+
 @pytest.mark.skip(
     reason="intermittent: once in CI (2026-12-01) a run finished with a call whose key the "
     "ledger never saw; not reproduced in 5 runs since. Likely cause (docs/celery.md): the Redis "
