@@ -463,3 +463,69 @@ def test_postgres_blocking_read_in_one_call_reads_what_the_orm_reads(make_env: A
         assert cursor.fetchone()[0] == 2
         cursor.execute("SELECT current_setting(%s)", [TENANT_SETTING])
         assert cursor.fetchone()[0] == "caller"
+
+
+@pytest.mark.postgres_only
+def test_postgres_first_blocking_call_takes_the_interrupts_read_with_the_load(
+    make_env: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The load's message brings the run's interrupts: the storage's first blocking read
+    takes them without a statement, the next one reads again, and a load older than
+    PREFETCH_FRESH_S is read again too. A cancellation requested after the load is not lost:
+    the first segment's sleep does not see it and suspends, the finalize finds it and wakes
+    the run, and the next segment's sleep returns CANCELLED."""
+    from django.db import connection
+    from django.test.utils import CaptureQueriesContext
+
+    from workflows import executor
+    from workflows.store import lifecycle, storage
+    from workflows.store.storage import DjangoStorage
+
+    env = make_env()
+    w = Wat()
+    w.run("(call $recn (call $durable_sleep (i64.const 60000))) (call $finish)")
+    env.deploy("sleeper", w.wasm())
+
+    run = env.start("sleeper")
+    first = env.update(run, "bump", {"by": 1})
+    [claim] = lifecycle.claim_ready_instances("cmp", ["default"], 1, env.clock.now())
+    loaded = lifecycle.load_run(claim, "cmp")
+    assert loaded is not None and loaded.interrupt_rows is not None
+    second = env.update(run, "bump", {"by": 2})  # after the load
+    reader = DjangoStorage(env.tenant.id)
+    reader.prefetch_interrupts(loaded.interrupt_rows)
+    with CaptureQueriesContext(connection) as statements:
+        taken = reader.interrupts(loaded.ref, set())
+    assert [u.update_id for u in taken.updates] == [first] and len(statements) == 0
+    assert [u.update_id for u in reader.interrupts(loaded.ref, set()).updates] == [first, second]
+    reader.prefetch_interrupts(loaded.interrupt_rows)
+    monkeypatch.setattr(storage, "PREFETCH_FRESH_S", 0.0)
+    assert len(reader.interrupts(loaded.ref, set()).updates) == 2
+    monkeypatch.undo()
+    lifecycle.release(loaded.ref)
+    env.terminate(run)
+
+    late = env.start("sleeper")
+    load = executor.load_run
+    interrupts = DjangoStorage.interrupts
+    loads: list[str] = []
+    seen: list[str | None] = []
+
+    def load_then_cancel(claim: Any, worker_id: str) -> Any:
+        found = load(claim, worker_id)
+        loads.append(str(claim.id))
+        if loads == [late]:
+            env.cancel(late, "too late for the load")
+        return found
+
+    def watched(self: DjangoStorage, ref: Any, exclude: Any) -> Any:
+        found = interrupts(self, ref, exclude)
+        seen.append(found.cancellation)
+        return found
+
+    monkeypatch.setattr(executor, "load_run", load_then_cancel)
+    monkeypatch.setattr(DjangoStorage, "interrupts", watched)
+    env.run_until_idle()
+    assert loads == [late, late]
+    assert seen == [None, "too late for the load"]  # the load's view, then the next load's
+    assert env.result(late) == [5]

@@ -97,6 +97,9 @@ class LoadedRun:
     history: list[EncodedEvent]
     # The oldest version whose histories the definition's code can replay (min_version()).
     min_version: int = 0
+    # The run's interrupts read with it, where the load is one message (PostgreSQL): the rows
+    # of cleat.run_interrupts, for DjangoStorage.prefetch_interrupts. None: not read.
+    interrupt_rows: list[tuple[Any, ...]] | None = None
 
     @property
     def ref(self) -> RunRef:
@@ -295,10 +298,12 @@ def _load_in_one_message(claim: Claim, worker_id: str) -> tuple[bool, LoadedRun 
     with connection.cursor() as cursor:
         if not client_side_binding(cursor):
             return False, None
-        cursor.execute(load_sql, [*fence, *fence])
+        cursor.execute(load_sql, [*fence, *fence, str(claim.tenant_id), str(claim.id)])
         row = cursor.fetchone()
         cursor.nextset()
         events = cursor.fetchall()
+        cursor.nextset()
+        interrupt_rows = cursor.fetchall()
         if row is None:
             return True, None
         instance = _instance_from_row(row[: len(_INSTANCE_FIELDS)])
@@ -324,6 +329,7 @@ def _load_in_one_message(claim: Claim, worker_id: str) -> tuple[bool, LoadedRun 
         max_history_length,
         history,
         min_version,
+        interrupt_rows,
     )
 
 

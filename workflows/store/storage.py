@@ -11,6 +11,7 @@ two instance locks at once.
 
 from __future__ import annotations
 
+import time
 import uuid
 from collections.abc import Callable, Collection, Iterable, Sequence
 from datetime import datetime, timedelta
@@ -210,6 +211,11 @@ def client_side_binding(cursor: Any) -> bool:
     return isinstance(getattr(cursor, "cursor", None), ClientCursor)
 
 
+# How long after the load its interrupts may stand in for a blocking call's read (a guest
+# that computes for longer before its first blocking call reads them again).
+PREFETCH_FRESH_S = 0.5
+
+
 class DjangoStorage:
     """``WorkflowStorage`` for runs of one tenant."""
 
@@ -218,10 +224,32 @@ class DjangoStorage:
     ) -> None:
         self.tenant_id = uuid.UUID(str(tenant_id))
         self.now = clock or timezone.now
+        # (when, cleat.run_interrupts' rows) read with the run's load: prefetch_interrupts.
+        self._prefetched: tuple[float, list[tuple[Any, ...]]] | None = None
+
+    # --- interrupts read with the load ---------------------------------------------------------
+
+    def prefetch_interrupts(self, rows: list[tuple[Any, ...]]) -> None:
+        """The run's interrupts as its load read them (the rows of ``cleat.run_interrupts``,
+        in the load's message). The segment's first blocking call takes them instead of
+        asking the database again, provided nothing was written for the run since (the load
+        and that call are then only the replay apart) and within ``PREFETCH_FRESH_S``: a run
+        woken from a timer or a wait then costs one round trip less. A request that arrived
+        in between is seen as one that arrived a moment later: by the next blocking call,
+        or, when the run suspends, by the finalize's check of what arrived (it wakes the
+        run)."""
+        self._prefetched = (time.monotonic(), rows)
+
+    def _take_prefetched(self) -> list[tuple[Any, ...]] | None:
+        found, self._prefetched = self._prefetched, None
+        if found is None or time.monotonic() - found[0] > PREFETCH_FRESH_S:
+            return None
+        return found[1]
 
     # --- history ---------------------------------------------------------------------------
 
     def append_events(self, run: RunRef, events: Sequence[Event]) -> None:
+        self._prefetched = None  # a step is written: the load's interrupts are past
         now = self.now()
         committed = group_commit.append(self.tenant_id, run, events, now)
         if committed is None:  # not batched (or its batch failed): in a transaction of its own
@@ -233,6 +261,7 @@ class DjangoStorage:
         crash_point("after_append")  # committed; the guest has not seen its reply yet
 
     def complete_intent(self, run: RunRef, event: Event) -> None:
+        self._prefetched = None
         stored = encode(event)
         with tenant_context(self.tenant_id):
             lock_fenced(run)
@@ -520,6 +549,9 @@ class DjangoStorage:
         return SignalMessage(str(row[0]), row[1], payload, row[3])
 
     def cancellation(self, run: RunRef) -> str | None:
+        rows = self._take_prefetched()
+        if rows is not None:
+            return _cancel_reason(rows[0][0], rows[0][1]) if rows else None
         with tenant_context(self.tenant_id):
             return self._cancellation(run)
 
@@ -602,16 +634,19 @@ class DjangoStorage:
         ]
 
     def interrupts(self, run: RunRef, exclude: Collection[str]) -> Interrupts:
-        """On PostgreSQL outside a transaction, one call of ``cleat.run_interrupts`` (one
-        round trip instead of two transactions of four); elsewhere both reads in one
+        """The load's rows when they still apply (``prefetch_interrupts``: no round trip);
+        otherwise, on PostgreSQL outside a transaction, one call of ``cleat.run_interrupts``
+        (one round trip instead of two transactions of four); elsewhere both reads in one
         transaction."""
-        sql = queries(connection).get("run_interrupts")
-        if sql is None or connection.in_atomic_block:
-            with tenant_context(self.tenant_id):
-                return Interrupts(self._cancellation(run), self._pending_updates(run, exclude))
-        with connection.cursor() as cursor:
-            cursor.execute(sql, [str(self.tenant_id), run.run_id])
-            rows = cursor.fetchall()
+        rows = self._take_prefetched()
+        if rows is None:
+            sql = queries(connection).get("run_interrupts")
+            if sql is None or connection.in_atomic_block:
+                with tenant_context(self.tenant_id):
+                    return Interrupts(self._cancellation(run), self._pending_updates(run, exclude))
+            with connection.cursor() as cursor:
+                cursor.execute(sql, [str(self.tenant_id), run.run_id])
+                rows = cursor.fetchall()
         if not rows:  # the run is gone
             return Interrupts(None, [])
         updates = self._updates(run, (row[2:] for row in rows if row[2] is not None), exclude)
@@ -639,6 +674,7 @@ class DjangoStorage:
             ).update(sent=True)
 
     def settle_task_call(self, run: RunRef, event: Event) -> None:
+        self._prefetched = None
         stored = encode(event)
         with tenant_context(self.tenant_id):
             lock_fenced(run)

@@ -142,11 +142,12 @@ def _load_sql() -> str:
     return (
         f"SELECT {columns}, l.sha256, l.max_history_length, l.min_version "
         f"FROM cleat.load_instance({args}) AS l;\n"
-        f"SELECT step, type_code, timestamp_ms, payload, checksum FROM cleat.load_history({args})"
+        "SELECT step, type_code, timestamp_ms, payload, checksum "
+        f"FROM cleat.load_history({args});\n"
+        # The run's interrupts as they stand at the load: its first blocking call reads them
+        # from here instead of asking again (DjangoStorage.prefetch_interrupts).
+        f"{RUN_INTERRUPTS}"
     )
-
-
-_LOAD_SQL = _load_sql()
 
 
 def _load_functions() -> str:
@@ -207,6 +208,7 @@ RUN_INTERRUPTS = (
     "FROM cleat.run_interrupts(%s, %s)"
 )
 RUN_INTERRUPTS_SIGNATURE = "cleat.run_interrupts(uuid, uuid)"
+_LOAD_SQL = _load_sql()
 
 
 def _run_interrupts_function() -> str:
