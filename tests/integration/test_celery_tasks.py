@@ -29,6 +29,7 @@ from tests.integration.support.celery_workers import (
     REDIS_URL,
     ROOT,
     TASKS_MODULE,
+    THREADS,
     CeleryWorker,
     PrivateRabbit,
     PrivateRedis,
@@ -270,7 +271,13 @@ def race(
                     )
                     restarted += 1
         else:
+            # Held in the ledger, each Celery thread's request is counted and unanswered: with
+            # more held than two workers have threads, the one killed surely has effects
+            # applied and not acknowledged, which are delivered again after the kill.
+            ledger.hold(120)
+            wait_until(lambda: ledger.held > 2 * THREADS, 60, "requests held on every worker", 0.05)
             celery[0].kill()
+            ledger.release()
         wait_until(lambda: statuses(tenant)[RunStatus.DONE] == count, 900, "every run done", 0.5)
         elapsed = time.monotonic() - started
         for worker in cleat:

@@ -21,6 +21,8 @@ ROOT = Path(__file__).resolve().parents[3]
 RABBITMQ_URL = os.environ.get("CLEAT_TEST_RABBITMQ_URL", "amqp://guest:guest@127.0.0.1:5672//")
 REDIS_URL = os.environ.get("CLEAT_TEST_REDIS_URL", "redis://127.0.0.1:6379/0")
 TASKS_MODULE = "tests.integration.support.celery_tasks"
+# Threads of a CeleryWorker by default.
+THREADS = 4
 
 
 def broker_reachable(url: str) -> str | None:
@@ -50,7 +52,7 @@ class CeleryWorker:
         queue: str,
         env: Mapping[str, str],
         *,
-        concurrency: int = 4,
+        concurrency: int = THREADS,
         pool: str = "threads",
     ) -> None:
         self.log_path = log_path
