@@ -279,6 +279,14 @@ CELERY_TASK_DEFAULT_QUEUE = env.str("CELERY_TASK_DEFAULT_QUEUE", default="celery
 CELERY_TASK_ACKS_LATE = True
 CELERY_TASK_REJECT_ON_WORKER_LOST = True
 CELERY_WORKER_PREFETCH_MULTIPLIER = env.int("CELERY_WORKER_PREFETCH_MULTIPLIER", default=1)
+# Off: after a reconnect, Celery lowers the prefetch count and raises it again from each
+# finished task's acknowledgement -- a basic.qos call from the pool's thread on the
+# connection its event loop reads. On a threads pool that stalled a worker for minutes after
+# a RabbitMQ restart (its tasks unacknowledged until the broker dropped the connection for
+# missed heartbeats, about 3 minutes); with prefetch multiplier 1 there is little to limit.
+CELERY_WORKER_ENABLE_PREFETCH_COUNT_REDUCTION = env.bool(
+    "CELERY_WORKER_ENABLE_PREFETCH_COUNT_REDUCTION", default=False
+)
 # Defaults, with CELERY_BROKER_TRANSPORT_OPTIONS's keys over them. confirm_publish (AMQP):
 # a publish returns once RabbitMQ has taken the message (on disk, for cleat's durable
 # queues), so a broker that stops with the message still in a socket fails the publish,
