@@ -292,13 +292,22 @@ CELERY_WORKER_ENABLE_PREFETCH_COUNT_REDUCTION = env.bool(
 # queues), so a broker that stops with the message still in a socket fails the publish,
 # and the run publishes it again, instead of losing it while the call counts as sent.
 # visibility_timeout (Redis): how long an unacknowledged task waits to be delivered again.
+_transport_options = env.json("CELERY_BROKER_TRANSPORT_OPTIONS", default={})
+if not isinstance(_transport_options, dict):
+    raise ImproperlyConfigured(
+        'CELERY_BROKER_TRANSPORT_OPTIONS must be a JSON object, e.g. {"visibility_timeout": 3600}'
+    )
 CELERY_BROKER_TRANSPORT_OPTIONS = {
     "visibility_timeout": 3600,
     "confirm_publish": True,
-    **env.json("CELERY_BROKER_TRANSPORT_OPTIONS", default={}),
+    **_transport_options,
 }
 CLEAT_CELERY_APP = env.str("CLEAT_CELERY_APP", default="cleat_project.celery.app")
 CLEAT_CELERY_TIMEOUT_SECONDS = env.float("CLEAT_CELERY_TIMEOUT_SECONDS", default=3600.0)
+# How long a publish waits for RabbitMQ's confirm before it fails (and is sent again).
+CLEAT_CELERY_CONFIRM_TIMEOUT_SECONDS = env.float(
+    "CLEAT_CELERY_CONFIRM_TIMEOUT_SECONDS", default=10.0
+)
 CLEAT_CELERY_PERMANENT_ERRORS = env.list("CLEAT_CELERY_PERMANENT_ERRORS", default=[])
 CLEAT_TASK_CALLBACK_URL = env.str("CLEAT_TASK_CALLBACK_URL", default="")
 # Maintenance on Celery beat: the reaper and the schedule tick (every periodic duty) run as

@@ -51,6 +51,14 @@ def celery_app() -> Any:
     return import_dotted(getattr(settings, "CLEAT_CELERY_APP", "cleat_project.celery.app"))
 
 
+def confirm_timeout() -> float:
+    """How long a publish waits for RabbitMQ's confirm (``CLEAT_CELERY_CONFIRM_TIMEOUT_SECONDS``):
+    a broker that blocks publishers (a memory or disk alarm) or a half-open connection then
+    fails the publish, which is retried on a new connection and then by the run, instead of
+    holding the thread for good."""
+    return float(getattr(settings, "CLEAT_CELERY_CONFIRM_TIMEOUT_SECONDS", 10.0))
+
+
 class CeleryTaskService:
     """The ``celery:`` scheme: operations are tasks of one module (``billing.tasks``)."""
 
@@ -103,6 +111,7 @@ class CeleryTaskService:
             # quickly, and the run sends it again a moment later (TASK_SEND_RETRY_MS).
             retry=True,
             retry_policy={"max_retries": 2, "interval_start": 0.1, "interval_step": 0.2},
+            confirm_timeout=confirm_timeout(),
         )
 
     def revoke_task_call(self, task_id: str) -> None:

@@ -115,7 +115,7 @@ def publish(
     """Send "run X is ready". The message carries ids and the task queue only (never an
     input or a payload: what Flower and the broker show). A failure is logged: the sweep
     publishes the run again after the redelivery delay."""
-    from workflows.celery_calls import celery_app
+    from workflows.celery_calls import celery_app, confirm_timeout
 
     app = celery_app()
     try:
@@ -128,6 +128,7 @@ def publish(
             ignore_result=True,
             retry=True,
             retry_policy={"max_retries": 1, "interval_start": 0.2, "interval_step": 0.5},
+            confirm_timeout=confirm_timeout(),
         )
     except Exception as exc:
         PUBLISH_FAILED.inc()

@@ -173,7 +173,7 @@ def _execute_claim(
     )
     run_storage = DjangoStorage(claim.tenant_id, clock)
     if loaded.interrupt_rows is not None:
-        run_storage.prefetch_interrupts(loaded.interrupt_rows)
+        run_storage.prefetch_interrupts(loaded.interrupt_rows, loaded.interrupts_read_at)
     storage = _WatchedStorage(run_storage)
     engine_clock = (lambda: int(clock().timestamp() * 1000)) if clock else None
     services = get_services()

@@ -274,8 +274,9 @@ def race(
             # Held in the ledger, each Celery thread's request is counted and unanswered: with
             # more held than two workers have threads, the one killed surely has effects
             # applied and not acknowledged, which are delivered again after the kill.
-            ledger.hold(120)
-            wait_until(lambda: ledger.held > 2 * THREADS, 60, "requests held on every worker", 0.05)
+            # Within the tasks' HTTP timeout (30 s), so no held task gives up.
+            ledger.hold(25)
+            wait_until(lambda: ledger.held > 2 * THREADS, 20, "requests held on every worker", 0.05)
             celery[0].kill()
             ledger.release()
         wait_until(lambda: statuses(tenant)[RunStatus.DONE] == count, 900, "every run done", 0.5)
@@ -359,6 +360,7 @@ with app.connection_for_write() as conn:
         "confirm_publish": conn.connection.confirm_publish,
         "confirm_selected": conn.default_channel._confirm_selected,
     }}))
+    Queue({queue!r}).bind(conn.default_channel).delete()
 """
     env = command_env(
         {},

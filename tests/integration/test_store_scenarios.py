@@ -477,6 +477,7 @@ def test_postgres_first_blocking_call_takes_the_interrupts_read_with_the_load(
     from django.db import connection
     from django.test.utils import CaptureQueriesContext
 
+    from engine.events import SideEffectEvent
     from workflows import executor
     from workflows.store import lifecycle, storage
     from workflows.store.storage import DjangoStorage
@@ -493,15 +494,21 @@ def test_postgres_first_blocking_call_takes_the_interrupts_read_with_the_load(
     assert loaded is not None and loaded.interrupt_rows is not None
     second = env.update(run, "bump", {"by": 2})  # after the load
     reader = DjangoStorage(env.tenant.id)
-    reader.prefetch_interrupts(loaded.interrupt_rows)
+    reader.prefetch_interrupts(loaded.interrupt_rows, loaded.interrupts_read_at)
     with CaptureQueriesContext(connection) as statements:
         taken = reader.interrupts(loaded.ref, set())
     assert [u.update_id for u in taken.updates] == [first] and len(statements) == 0
     assert [u.update_id for u in reader.interrupts(loaded.ref, set()).updates] == [first, second]
-    reader.prefetch_interrupts(loaded.interrupt_rows)
+    reader.prefetch_interrupts(loaded.interrupt_rows, loaded.interrupts_read_at)
     monkeypatch.setattr(storage, "PREFETCH_FRESH_S", 0.0)
-    assert len(reader.interrupts(loaded.ref, set()).updates) == 2
+    assert len(reader.interrupts(loaded.ref, set()).updates) == 2  # too old: read again
     monkeypatch.undo()
+    writer = DjangoStorage(env.tenant.id)
+    writer.prefetch_interrupts(loaded.interrupt_rows, loaded.interrupts_read_at)
+    writer.append_events(loaded.ref, [SideEffectEvent(step=0, ts=1, value="1")])
+    with CaptureQueriesContext(connection) as statements:
+        after_write = writer.interrupts(loaded.ref, set())
+    assert len(after_write.updates) == 2 and len(statements) == 1  # a write: read again
     lifecycle.release(loaded.ref)
     env.terminate(run)
 
@@ -525,6 +532,7 @@ def test_postgres_first_blocking_call_takes_the_interrupts_read_with_the_load(
 
     monkeypatch.setattr(executor, "load_run", load_then_cancel)
     monkeypatch.setattr(DjangoStorage, "interrupts", watched)
+    monkeypatch.setattr(storage, "PREFETCH_FRESH_S", 60.0)  # a slow machine keeps the rows
     env.run_until_idle()
     assert loads == [late, late]
     assert seen == [None, "too late for the load"]  # the load's view, then the next load's

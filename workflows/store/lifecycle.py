@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import json
 import logging
+import time
 import uuid
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -100,6 +101,8 @@ class LoadedRun:
     # The run's interrupts read with it, where the load is one message (PostgreSQL): the rows
     # of cleat.run_interrupts, for DjangoStorage.prefetch_interrupts. None: not read.
     interrupt_rows: list[tuple[Any, ...]] | None = None
+    # When they were read (time.monotonic()).
+    interrupts_read_at: float = 0.0
 
     @property
     def ref(self) -> RunRef:
@@ -298,6 +301,7 @@ def _load_in_one_message(claim: Claim, worker_id: str) -> tuple[bool, LoadedRun 
     with connection.cursor() as cursor:
         if not client_side_binding(cursor):
             return False, None
+        read_at = time.monotonic()
         cursor.execute(load_sql, [*fence, *fence, str(claim.tenant_id), str(claim.id)])
         row = cursor.fetchone()
         cursor.nextset()
@@ -330,6 +334,7 @@ def _load_in_one_message(claim: Claim, worker_id: str) -> tuple[bool, LoadedRun 
         history,
         min_version,
         interrupt_rows,
+        read_at,
     )
 
 

@@ -229,16 +229,18 @@ class DjangoStorage:
 
     # --- interrupts read with the load ---------------------------------------------------------
 
-    def prefetch_interrupts(self, rows: list[tuple[Any, ...]]) -> None:
+    def prefetch_interrupts(self, rows: list[tuple[Any, ...]], read_at: float) -> None:
         """The run's interrupts as its load read them (the rows of ``cleat.run_interrupts``,
-        in the load's message). The segment's first blocking call takes them instead of
-        asking the database again, provided nothing was written for the run since (the load
-        and that call are then only the replay apart) and within ``PREFETCH_FRESH_S``: a run
-        woken from a timer or a wait then costs one round trip less. A request that arrived
-        in between is seen as one that arrived a moment later: by the next blocking call,
-        or, when the run suspends, by the finalize's check of what arrived (it wakes the
-        run)."""
-        self._prefetched = (time.monotonic(), rows)
+        in the load's message, at ``read_at`` on ``time.monotonic()``). The segment's first
+        read of them (a blocking call's, or a poll of the cancellation) takes these rows
+        instead of asking the database again, provided nothing was written for the run since
+        (the load and that read are then only the replay apart) and it comes within
+        ``PREFETCH_FRESH_S`` of the load: a run woken from a timer costs one round trip
+        less. A request that arrived in between is seen as one that arrived a moment later:
+        by the run's next read, or, when the run suspends, by the finalize's check of what
+        arrived (it wakes the run); a run that ends first never sees it, as when a request
+        comes just after a blocking call's read."""
+        self._prefetched = (read_at, rows)
 
     def _take_prefetched(self) -> list[tuple[Any, ...]] | None:
         found, self._prefetched = self._prefetched, None
@@ -291,6 +293,7 @@ class DjangoStorage:
         pending: Sequence[Event],
         record: Callable[[Any], Event],
     ) -> Any:
+        self._prefetched = None  # the run acts: the load's interrupts are past
         try:
             with tenant_context(self.tenant_id):
                 count = lock_fenced(run)
@@ -668,6 +671,7 @@ class DjangoStorage:
         return TaskCallRecord(str(task_id), token, sent, deadline_ms, status, payload or "")
 
     def task_sent(self, run: RunRef, step: int) -> None:
+        self._prefetched = None
         with tenant_context(self.tenant_id):
             TaskCall.objects.filter(
                 tenant_id=self.tenant_id, instance_id=run.run_id, step=step
