@@ -171,10 +171,7 @@ def _execute_claim(
         max_history_events=loaded.max_history_length or None,
         plugin_versions=_plugin_versions(loaded),
     )
-    run_storage = DjangoStorage(claim.tenant_id, clock)
-    if loaded.interrupt_rows is not None:
-        run_storage.prefetch_interrupts(loaded.interrupt_rows, loaded.interrupts_read_at)
-    storage = _WatchedStorage(run_storage)
+    storage = _WatchedStorage(DjangoStorage(claim.tenant_id, clock, loaded.interrupts))
     engine_clock = (lambda: int(clock().timestamp() * 1000)) if clock else None
     services = get_services()
     tracer = services.tracer

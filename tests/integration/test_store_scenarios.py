@@ -491,20 +491,18 @@ def test_postgres_first_blocking_call_takes_the_interrupts_read_with_the_load(
     first = env.update(run, "bump", {"by": 1})
     [claim] = lifecycle.claim_ready_instances("cmp", ["default"], 1, env.clock.now())
     loaded = lifecycle.load_run(claim, "cmp")
-    assert loaded is not None and loaded.interrupt_rows is not None
+    assert loaded is not None and loaded.interrupts is not None
     second = env.update(run, "bump", {"by": 2})  # after the load
-    reader = DjangoStorage(env.tenant.id)
-    reader.prefetch_interrupts(loaded.interrupt_rows, loaded.interrupts_read_at)
+    reader = DjangoStorage(env.tenant.id, interrupts=loaded.interrupts)
     with CaptureQueriesContext(connection) as statements:
         taken = reader.interrupts(loaded.ref, set())
     assert [u.update_id for u in taken.updates] == [first] and len(statements) == 0
     assert [u.update_id for u in reader.interrupts(loaded.ref, set()).updates] == [first, second]
-    reader.prefetch_interrupts(loaded.interrupt_rows, loaded.interrupts_read_at)
+    reader = DjangoStorage(env.tenant.id, interrupts=loaded.interrupts)
     monkeypatch.setattr(storage, "PREFETCH_FRESH_S", 0.0)
     assert len(reader.interrupts(loaded.ref, set()).updates) == 2  # too old: read again
     monkeypatch.undo()
-    writer = DjangoStorage(env.tenant.id)
-    writer.prefetch_interrupts(loaded.interrupt_rows, loaded.interrupts_read_at)
+    writer = DjangoStorage(env.tenant.id, interrupts=loaded.interrupts)
     writer.append_events(loaded.ref, [SideEffectEvent(step=0, ts=1, value="1")])
     with CaptureQueriesContext(connection) as statements:
         after_write = writer.interrupts(loaded.ref, set())

@@ -60,6 +60,7 @@ from workflows.store import compaction, task_calls, wake
 from workflows.store.group_commit import contiguous
 from workflows.store.sql import queries
 from workflows.store.storage import (
+    LoadedInterrupts,
     append_locked,
     append_params,
     client_side_binding,
@@ -98,11 +99,9 @@ class LoadedRun:
     history: list[EncodedEvent]
     # The oldest version whose histories the definition's code can replay (min_version()).
     min_version: int = 0
-    # The run's interrupts read with it, where the load is one message (PostgreSQL): the rows
-    # of cleat.run_interrupts, for DjangoStorage.prefetch_interrupts. None: not read.
-    interrupt_rows: list[tuple[Any, ...]] | None = None
-    # When they were read (time.monotonic()).
-    interrupts_read_at: float = 0.0
+    # The run's interrupts read with it, where the load is one message (PostgreSQL), for
+    # the segment's DjangoStorage. None: not read.
+    interrupts: LoadedInterrupts | None = None
 
     @property
     def ref(self) -> RunRef:
@@ -307,7 +306,7 @@ def _load_in_one_message(claim: Claim, worker_id: str) -> tuple[bool, LoadedRun 
         cursor.nextset()
         events = cursor.fetchall()
         cursor.nextset()
-        interrupt_rows = cursor.fetchall()
+        interrupts = LoadedInterrupts(cursor.fetchall(), read_at)
         if row is None:
             return True, None
         instance = _instance_from_row(row[: len(_INSTANCE_FIELDS)])
@@ -333,8 +332,7 @@ def _load_in_one_message(claim: Claim, worker_id: str) -> tuple[bool, LoadedRun 
         max_history_length,
         history,
         min_version,
-        interrupt_rows,
-        read_at,
+        interrupts,
     )
 
 

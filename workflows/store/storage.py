@@ -15,7 +15,7 @@ import time
 import uuid
 from collections.abc import Callable, Collection, Iterable, Sequence
 from datetime import datetime, timedelta
-from typing import Any
+from typing import Any, NamedTuple
 
 from django.db import IntegrityError, connection, transaction
 from django.db.models import Q, QuerySet
@@ -216,37 +216,41 @@ def client_side_binding(cursor: Any) -> bool:
 PREFETCH_FRESH_S = 0.5
 
 
+class LoadedInterrupts(NamedTuple):
+    """A run's interrupts as its load read them: the rows of ``cleat.run_interrupts`` (in the
+    load's message, PostgreSQL) and when, on ``time.monotonic()``."""
+
+    rows: list[tuple[Any, ...]]
+    read_at: float
+
+
 class DjangoStorage:
-    """``WorkflowStorage`` for runs of one tenant."""
+    """``WorkflowStorage`` for runs of one tenant.
+
+    ``interrupts``, the run's as its load read them: the segment's first read of them (a
+    blocking call's, or a poll of the cancellation) takes these rows instead of asking the
+    database again, provided nothing was written for the run since (the load and that read
+    are then only the replay apart) and it comes within ``PREFETCH_FRESH_S`` of the load: a
+    run woken from a timer costs one round trip less. A request that arrived in between is
+    seen as one that arrived a moment later: by the run's next read, or, when the run
+    suspends, by the finalize's check of what arrived (it wakes the run); a run that ends
+    first never sees it, as when a request comes just after a blocking call's read."""
 
     def __init__(
-        self, tenant_id: uuid.UUID | str, clock: Callable[[], datetime] | None = None
+        self,
+        tenant_id: uuid.UUID | str,
+        clock: Callable[[], datetime] | None = None,
+        interrupts: LoadedInterrupts | None = None,
     ) -> None:
         self.tenant_id = uuid.UUID(str(tenant_id))
         self.now = clock or timezone.now
-        # (when, cleat.run_interrupts' rows) read with the run's load: prefetch_interrupts.
-        self._prefetched: tuple[float, list[tuple[Any, ...]]] | None = None
-
-    # --- interrupts read with the load ---------------------------------------------------------
-
-    def prefetch_interrupts(self, rows: list[tuple[Any, ...]], read_at: float) -> None:
-        """The run's interrupts as its load read them (the rows of ``cleat.run_interrupts``,
-        in the load's message, at ``read_at`` on ``time.monotonic()``). The segment's first
-        read of them (a blocking call's, or a poll of the cancellation) takes these rows
-        instead of asking the database again, provided nothing was written for the run since
-        (the load and that read are then only the replay apart) and it comes within
-        ``PREFETCH_FRESH_S`` of the load: a run woken from a timer costs one round trip
-        less. A request that arrived in between is seen as one that arrived a moment later:
-        by the run's next read, or, when the run suspends, by the finalize's check of what
-        arrived (it wakes the run); a run that ends first never sees it, as when a request
-        comes just after a blocking call's read."""
-        self._prefetched = (read_at, rows)
+        self._prefetched = interrupts  # cleared by every write for the run
 
     def _take_prefetched(self) -> list[tuple[Any, ...]] | None:
         found, self._prefetched = self._prefetched, None
-        if found is None or time.monotonic() - found[0] > PREFETCH_FRESH_S:
+        if found is None or time.monotonic() - found.read_at > PREFETCH_FRESH_S:
             return None
-        return found[1]
+        return found.rows
 
     # --- history ---------------------------------------------------------------------------
 
@@ -554,7 +558,7 @@ class DjangoStorage:
     def cancellation(self, run: RunRef) -> str | None:
         rows = self._take_prefetched()
         if rows is not None:
-            return _cancel_reason(rows[0][0], rows[0][1]) if rows else None
+            return _interrupts_cancellation(rows)
         with tenant_context(self.tenant_id):
             return self._cancellation(run)
 
@@ -637,7 +641,7 @@ class DjangoStorage:
         ]
 
     def interrupts(self, run: RunRef, exclude: Collection[str]) -> Interrupts:
-        """The load's rows when they still apply (``prefetch_interrupts``: no round trip);
+        """The load's rows when they still apply (see the class: no round trip);
         otherwise, on PostgreSQL outside a transaction, one call of ``cleat.run_interrupts``
         (one round trip instead of two transactions of four); elsewhere both reads in one
         transaction."""
@@ -653,7 +657,7 @@ class DjangoStorage:
         if not rows:  # the run is gone
             return Interrupts(None, [])
         updates = self._updates(run, (row[2:] for row in rows if row[2] is not None), exclude)
-        return Interrupts(_cancel_reason(rows[0][0], rows[0][1]), updates)
+        return Interrupts(_interrupts_cancellation(rows), updates)
 
     # --- task calls -----------------------------------------------------------------------
 
@@ -714,6 +718,12 @@ class DjangoStorage:
                 ).update(heartbeat_at=self.now())
                 == 1
             )
+
+
+def _interrupts_cancellation(rows: Sequence[Sequence[Any]]) -> str | None:
+    """The cancellation reason in ``cleat.run_interrupts``' rows (each row carries the run's
+    cancellation columns first; no row: the run is gone)."""
+    return _cancel_reason(rows[0][0], rows[0][1]) if rows else None
 
 
 # --- helpers shared with the services ------------------------------------------------------------

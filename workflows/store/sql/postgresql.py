@@ -145,7 +145,7 @@ def _load_sql() -> str:
         "SELECT step, type_code, timestamp_ms, payload, checksum "
         f"FROM cleat.load_history({args});\n"
         # The run's interrupts as they stand at the load: its first blocking call reads them
-        # from here instead of asking again (DjangoStorage.prefetch_interrupts).
+        # from here instead of asking again (DjangoStorage's interrupts).
         f"{RUN_INTERRUPTS}"
     )
 
