@@ -182,3 +182,44 @@ def test_a_web_server_refuses_to_start_on_a_setting_cleat_cannot_honour(
         text=True,
     )
     assert good.returncode == 0, good.stderr[-2000:]
+
+
+def test_broker_transport_options_are_merged_over_the_defaults_or_refused(
+    tmp_path: Path,
+) -> None:
+    """CELERY_BROKER_TRANSPORT_OPTIONS's keys go over cleat's defaults (confirms on, the
+    Redis visibility timeout); a value that is not a JSON object stops the command with the
+    variable named."""
+    root = Path(__file__).resolve().parents[2]
+    env = {
+        **{k: v for k, v in os.environ.items() if not k.startswith("CLEAT_TEST_")},
+        "DEBUG": "1",
+        "DATABASE_URL": f"sqlite:///{tmp_path / 'x.sqlite3'}",
+    }
+    show = [
+        sys.executable,
+        "manage.py",
+        "shell",
+        "-c",
+        "from django.conf import settings; print(settings.CELERY_BROKER_TRANSPORT_OPTIONS)",
+    ]
+    merged = subprocess.run(
+        show,
+        cwd=root,
+        env={**env, "CELERY_BROKER_TRANSPORT_OPTIONS": '{"visibility_timeout": 20}'},
+        capture_output=True,
+        text=True,
+    )
+    assert merged.returncode == 0, merged.stderr[-2000:]
+    assert merged.stdout.strip().splitlines()[-1] == (
+        "{'visibility_timeout': 20, 'confirm_publish': True}"
+    )
+    refused = subprocess.run(
+        show,
+        cwd=root,
+        env={**env, "CELERY_BROKER_TRANSPORT_OPTIONS": "[1]"},
+        capture_output=True,
+        text=True,
+    )
+    assert refused.returncode != 0
+    assert "CELERY_BROKER_TRANSPORT_OPTIONS must be a JSON object" in refused.stderr
