@@ -361,6 +361,9 @@ CLEAT_GROUP_COMMIT_MAX_EVENTS = env.int("CLEAT_GROUP_COMMIT_MAX_EVENTS", default
 CLEAT_GROUP_COMMIT_MAX_WAIT_MS = env.float("CLEAT_GROUP_COMMIT_MAX_WAIT_MS", default=2.0)
 # Threads one batch of durable calls (ctx.gather, durable_call_many) is made on.
 CLEAT_MAX_PARALLEL_CALLS = env.int("CLEAT_MAX_PARALLEL_CALLS", default=8)
+# Fresh instances of each recently run Python workflow kept made ahead of the segments that
+# take them, on a thread of their own (engine/ready_instances.py); 0: each made inline.
+CLEAT_READY_INSTANCES = env.int("CLEAT_READY_INSTANCES", default=2)
 # A waiting run re-checks its wait at least this often: the last resort for a wake-up lost to
 # a crash, which the wake sweep finds within seconds. Each re-check is a segment, so 100,000
 # waiting runs at an hour cost ~28 segments/s (at 5 minutes: 333).

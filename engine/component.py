@@ -87,6 +87,7 @@ from engine.events import EncodedEvent, UpdateAppliedEvent
 from engine.ffi import NO_FINALIZER, CallerContext
 from engine.module_cache import description_path
 from engine.outcomes import AppliedUpdate, Outcome, SegmentResult, failed
+from engine.ready_instances import GuestOutput, ReadyInstances
 from engine.services import Services
 from engine.session import ExecutionSession, Reply, RunInfo
 from engine.status import AbiStatus
@@ -311,6 +312,20 @@ class ComponentInstance:
         remaining = self.config.segment_timeout_s - guest_seconds
         ticks = max(1, round(remaining / self.config.epoch_tick_s))
         wasmtime_ffi.wasmtime_context_set_epoch_deadline(self.ctx._context(), ticks)
+
+
+@dataclass(frozen=True, slots=True)
+class Prepared:
+    """A store and a fresh instance in it, not yet called; ``output`` routes its guest
+    output to the run that takes it."""
+
+    store: wasmtime.Store
+    instance: wc.Instance
+    output: GuestOutput
+
+
+def _component_key(loaded: LoadedComponent) -> str:
+    return loaded.info.sha256
 
 
 # --- host functions -----------------------------------------------------------------------
@@ -661,12 +676,14 @@ _WASI_CALLBACKS: dict[tuple[str, str], Any] = {
 GUEST_WAIT_MARK = "cleat:clock-wait-at "
 
 
-def _guest_output(stream: str, session: ComponentSession | None) -> Callable[[bytes], None]:
+def _guest_output(stream: str, output: GuestOutput) -> Callable[[bytes], None]:
     """stdout/stderr of the guest, to the ``cleat.guest`` logger; dropped while the segment
-    replays, so a ``print`` is logged once like ``ctx.log``. The segment's ``session`` is
-    bound here, not looked up: wasmtime may call this from a thread of its own."""
+    replays, so a ``print`` is logged once like ``ctx.log``. The segment's session is read
+    from ``output`` (bound when a segment takes the store), not looked up per thread:
+    wasmtime may call this from a thread of its own."""
 
     def write(data: bytes) -> None:
+        session: ComponentSession | None = output.session
         text = data.decode("utf-8", "replace")
         if GUEST_WAIT_MARK in text:
             kept = []
@@ -726,6 +743,12 @@ class ComponentBackend:
         # LoadedModule's core fields for components: an empty core module (see LoadedComponent).
         self._no_module = wasmtime.Module(self.engine, b"\x00asm\x01\x00\x00\x00")
         self._no_pre = wasmtime.Linker(self.engine).instantiate_pre(self._no_module)
+        # Instances made ahead of the segments (engine.ready_instances); None: off.
+        self.ready: ReadyInstances[Prepared] | None = None
+        if config.ready_instances:
+            self.ready = ReadyInstances(
+                self.prepare, key=_component_key, per_component=config.ready_instances
+            )
 
     # --- linking ---
 
@@ -765,13 +788,14 @@ class ComponentBackend:
                 self._wasi_names = names
             return self._linker
 
-    def _new_store(self, session: ComponentSession | None = None) -> wasmtime.Store:
-        """The core module's store (same limits, deadline and fuel), plus WASI output (to
-        ``session``'s run, when the store runs a segment)."""
+    def _new_store(self, output: GuestOutput | None = None) -> wasmtime.Store:
+        """The core module's store (same limits, deadline and fuel), plus WASI output (to the
+        session ``output`` is bound to, when the store runs a segment)."""
         store = new_store(self.engine, self.config)
+        output = output if output is not None else GuestOutput()
         wasi = wasmtime.WasiConfig()
-        wasi.stdout_custom = _guest_output("stdout", session)
-        wasi.stderr_custom = _guest_output("stderr", session)
+        wasi.stdout_custom = _guest_output("stdout", output)
+        wasi.stderr_custom = _guest_output("stderr", output)
         store.set_wasi(wasi)
         return store
 
@@ -779,6 +803,18 @@ class ComponentBackend:
         with self._lock:
             linker = self._linker
         return linker.instantiate(store, loaded.component)
+
+    def prepare(self, loaded: LoadedComponent, session: ComponentSession | None = None) -> Prepared:
+        """A new store and a fresh instance of ``loaded`` in it, not yet called (what a ready
+        instance is, see ``engine.ready_instances``)."""
+        output = GuestOutput(session)
+        store = self._new_store(output)
+        return Prepared(store, self.instantiate(loaded, store), output)
+
+    def close(self) -> None:
+        """Stop making instances ahead and drop the ready ones."""
+        if self.ready is not None:
+            self.ready.close()
 
     # --- loading ---
 
@@ -956,11 +992,19 @@ class ComponentBackend:
                 )
             outcome: Outcome = failed(ErrorCode.INVALID_MODULE, message)
             return session.result(outcome, time.monotonic() - started)
-        store = self._new_store(session)
+        prepared = self.ready.take(module) if self.ready is not None else None
         try:
+            if prepared is None:
+                prepared = self.prepare(module, session)
+                if self.ready is not None:
+                    self.ready.instantiated_inline(module)
+            else:
+                # Made ahead: the segment's deadline starts now, and its output is this run's.
+                prepared.store.set_epoch_deadline(self.config.deadline_ticks)
+                prepared.output.session = session
             instance = ComponentInstance(
-                store,
-                self.instantiate(module, store),
+                prepared.store,
+                prepared.instance,
                 module.guest,
                 self.config,
                 started,

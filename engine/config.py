@@ -39,6 +39,9 @@ class EngineConfig:
     # Threads one ``durable_call_many`` batch makes its calls on (at most; a batch of fewer
     # calls uses fewer). 1 makes a batch's calls one after another.
     max_parallel_calls: int = 8
+    # Fresh instances of each recently run component (Python workflow) kept made ahead of
+    # the segments that take them (engine.ready_instances); 0 makes every one inline.
+    ready_instances: int = 2
 
     def __post_init__(self) -> None:
         problems = []
@@ -58,6 +61,8 @@ class EngineConfig:
             problems.append("max_history_events must be at least 10")
         if self.max_parallel_calls < 1:
             problems.append("max_parallel_calls must be at least 1")
+        if self.ready_instances < 0:
+            problems.append("ready_instances must be 0 (off) or positive")
         if problems:
             raise ValueError("invalid engine configuration: " + "; ".join(problems))
 

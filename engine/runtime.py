@@ -24,6 +24,7 @@ from engine.errors import InvalidModule
 from engine.events import EncodedEvent
 from engine.module_cache import WASMTIME_VERSION, ModuleCache
 from engine.outcomes import SegmentResult
+from engine.ready_instances import ReadyStats
 from engine.services import Services
 from engine.session import RunInfo
 from engine.storage import WorkflowStorage
@@ -73,6 +74,8 @@ class WasmRuntime:
 
     def close(self) -> None:
         self._ticker.stop()
+        if "components" in self.__dict__:  # made on first use (cached_property)
+            self.components.close()
 
     @functools.cached_property
     def components(self) -> ComponentBackend:
@@ -80,6 +83,14 @@ class WasmRuntime:
         from engine.component import ComponentBackend
 
         return ComponentBackend(self.engine, self.config)
+
+    def ready_stats(self) -> ReadyStats | None:
+        """The counts of the component instances made ahead (``engine.ready_instances``);
+        None before the first component ran, or with ``ready_instances`` 0."""
+        if "components" not in self.__dict__:
+            return None
+        ready = self.components.ready
+        return ready.stats if ready is not None else None
 
     def backend(self, kind: str) -> ModuleBackend:
         """The backend that loads and runs modules of ``kind`` ("core" or "component")."""

@@ -102,6 +102,7 @@ def cleat_settings() -> CleatSettings:
             * MIB,
             write_ahead_ops=frozenset(knob("CLEAT_WRITE_AHEAD_OPS", ())),
             max_parallel_calls=knob("CLEAT_MAX_PARALLEL_CALLS", defaults.max_parallel_calls),
+            ready_instances=knob("CLEAT_READY_INSTANCES", defaults.ready_instances),
         )
     except ValueError as exc:
         raise ImproperlyConfigured(f"CLEAT_* settings: {exc}") from None

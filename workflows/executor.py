@@ -79,6 +79,11 @@ def get_runtime() -> WasmRuntime:
         return _runtime
 
 
+def runtime_if_made() -> WasmRuntime | None:
+    """The process's runtime if something already made it (metrics read it, never make it)."""
+    return _runtime
+
+
 def get_services() -> Services:
     global _services
     with _lock:

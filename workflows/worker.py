@@ -26,7 +26,7 @@ import socket
 import threading
 import time
 import uuid
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import ALL_COMPLETED, FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
@@ -34,10 +34,12 @@ from typing import Any
 
 from django.db import close_old_connections, connection
 from django.utils import timezone
-from prometheus_client import Counter, Gauge, Histogram
+from prometheus_client import REGISTRY, Counter, Gauge, Histogram
+from prometheus_client.core import CounterMetricFamily
+from prometheus_client.registry import Collector
 
 from workflows import duties
-from workflows.executor import SegmentReport, execute_claim, get_services
+from workflows.executor import SegmentReport, execute_claim, get_services, runtime_if_made
 from workflows.maintenance import maintenance_on_beat
 from workflows.redaction import redacted_text
 from workflows.store import group_commit, invocations
@@ -60,6 +62,38 @@ SEGMENT_SECONDS = Histogram("cleat_segment_seconds", "Wall time of one segment")
 CLAIMED = Counter("cleat_claimed_total", "Runs claimed")
 LOOP_ERRORS = Counter("cleat_worker_loop_errors_total", "Errors caught by the worker loop")
 INFLIGHT = Gauge("cleat_worker_inflight", "Segments running now")
+
+
+class ReadyInstancesCollector(Collector):
+    """The process's Python-workflow instances made ahead of their segments
+    (engine.ready_instances): segments that took one or instantiated inline, instances made
+    and dropped unused."""
+
+    def collect(self) -> Iterator[CounterMetricFamily]:
+        runtime = runtime_if_made()
+        stats = runtime.ready_stats() if runtime is not None else None
+        if stats is None:
+            return
+        taken = CounterMetricFamily(
+            "cleat_ready_instances_taken",
+            "Python-workflow segments that took an instance made ahead (ready) or made "
+            "their own (inline)",
+            labels=["instance"],
+        )
+        taken.add_metric(["ready"], stats.hits)
+        taken.add_metric(["inline"], stats.misses)
+        yield taken
+        yield CounterMetricFamily(
+            "cleat_ready_instances_made", "Instances made ahead", value=stats.made
+        )
+        yield CounterMetricFamily(
+            "cleat_ready_instances_dropped",
+            "Instances made ahead and dropped unused (idle, room, stop)",
+            value=stats.dropped,
+        )
+
+
+REGISTRY.register(ReadyInstancesCollector())
 
 # The worker registry (workflows/store/workers.py): a row per live worker, upserted on each
 # heartbeat (a third of the lease) and deleted on a clean stop. A row not refreshed for a day

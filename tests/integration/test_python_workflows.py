@@ -165,3 +165,32 @@ def test_time_and_randomness_replay_across_segments_in_the_store(make_env: Any) 
     assert first["time"] == pytest.approx(created.timestamp(), abs=1.5e-3)
     assert third["time"] - first["time"] >= 30
     assert len({s["uuid4"] for s in result["samples"]}) == 3
+
+
+def _ready_taken() -> dict[str, float]:
+    from prometheus_client import REGISTRY
+
+    import workflows.worker  # noqa: F401  (registers the collector)
+
+    found = {}
+    for family in REGISTRY.collect():
+        if family.name == "cleat_ready_instances_taken":
+            for sample in family.samples:
+                if sample.name.endswith("_total"):
+                    found[sample.labels["instance"]] = sample.value
+    return found
+
+
+def test_the_workers_metrics_count_segments_on_instances_made_ahead(make_env: Any) -> None:
+    """cleat_ready_instances_taken_total{instance="ready"|"inline"} counts every Python
+    segment of the process (CLEAT_READY_INSTANCES, engine/ready_instances.py)."""
+    env = make_env({"shop": FakeService({"price": {"cents": 5}})})
+    env.deploy("clock", built(SCENARIOS))
+    before = _ready_taken()
+    run = env.run("clock", {"sleep": 1})
+    env.advance(seconds=1)
+    assert env.describe(run)["status"] == RunStatus.DONE
+    after = _ready_taken()
+    segments = sum(after.values()) - sum(before.values())
+    assert segments >= 2  # the run's two segments, at least
+    assert set(after) == {"ready", "inline"}

@@ -1,0 +1,252 @@
+"""Component instances made ahead of the segments that take them.
+
+Instantiating a Python workflow's component costs about a millisecond of CPU before its
+first instruction runs: wasmtime links CPython's core modules, and their start functions
+fill the dynamic-linking tables of every function libpython exports. None of that depends on
+the run: until the guest is first called, a fresh instance is the same whichever run takes
+it. So a segment takes an instance made ahead of it, on a thread of its own
+(``cleat-ready-instances``), and asks for another in its place; only when none is ready does
+it instantiate inline, as it always did.
+
+What a ready instance has done, and what it has not:
+
+- it ran the component's start functions, outside any run, exactly as an instance made
+  inline does before its segment binds it (host functions see no run then: no time, no
+  random stream, no recorded effect);
+- it has never been called: componentize-py seeds the guest's ``random`` from the run's
+  random stream on the first call, inside the segment, so a run's values are those it gets
+  from an inline instance (a test compares them);
+- its store's limits and fuel are the configured ones, spent only by the start functions as
+  inline; its epoch deadline is set again when a segment takes it (the time it waited does
+  not count against the segment);
+- its guest output is routed to the run that takes it (:class:`GuestOutput`).
+
+Bounds: ``per_component`` instances of each component, for at most
+:data:`MAX_COMPONENTS` components (the least recently taken one's are dropped for a newer
+one's), and a component not taken for ``idle_s`` has its instances dropped. An instance
+costs about 0.5 MB of memory. A component whose instantiation fails is not made ahead again
+until it has been instantiated inline: the segment's own attempt reports the error to the run.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+import time
+import weakref
+from collections import OrderedDict
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any, Generic, TypeVar
+
+log = logging.getLogger("cleat.engine")
+
+# Components with instances kept ready at once (the least recently taken one makes room).
+MAX_COMPONENTS = 8
+# A component not taken for this long has its ready instances dropped.
+IDLE_SECONDS = 600.0
+
+T = TypeVar("T")
+
+# Every pool of the process, reset in a forked child (its maker thread did not follow it,
+# and its lock may have been held by that thread at the fork).
+_POOLS: weakref.WeakSet[ReadyInstances[Any]] = weakref.WeakSet()
+
+
+@dataclass
+class GuestOutput:
+    """Where a store's guest output goes: the session of the segment that runs it, bound when
+    the segment takes the store (None before: the output of start functions, logged without
+    a run)."""
+
+    session: Any = None
+
+
+@dataclass
+class _Kept(Generic[T]):
+    ready: list[T] = field(default_factory=list)
+    taken_at: float = 0.0
+
+
+@dataclass
+class ReadyStats:
+    """Counts since the process started: segments that took a ready instance (``hits``) or
+    instantiated inline (``misses``); instances made ahead, and dropped unused."""
+
+    hits: int = 0
+    misses: int = 0
+    made: int = 0
+    dropped: int = 0
+    failed: int = 0
+
+
+class ReadyInstances(Generic[T]):
+    """Keeps up to ``per_component`` instances of each recently taken component, made by
+    ``make(component)`` on a thread of its own. ``key(component)`` names a component (its
+    sha256). Thread-safe."""
+
+    def __init__(
+        self,
+        make: Callable[[Any], T],
+        key: Callable[[Any], str],
+        per_component: int,
+        idle_s: float = IDLE_SECONDS,
+        max_components: int = MAX_COMPONENTS,
+    ) -> None:
+        if per_component < 1:
+            raise ValueError("per_component must be at least 1")
+        self._make = make
+        self._key = key
+        self.per_component = per_component
+        self.idle_s = idle_s
+        self.max_components = max_components
+        self.stats = ReadyStats()
+        self._kept: OrderedDict[str, _Kept[T]] = OrderedDict()  # least recently taken first
+        self._wanted: OrderedDict[str, Any] = OrderedDict()  # key -> component to make
+        self._failing: set[str] = set()
+        self._cond = threading.Condition()
+        self._closed = False
+        self._thread: threading.Thread | None = None
+        _POOLS.add(self)
+
+    def _after_fork(self) -> None:
+        """In a forked child: nothing ready (the parent's instances stay the parent's), a new
+        lock, and a maker thread started again on the next take."""
+        self._cond = threading.Condition()
+        self._kept.clear()
+        self._wanted.clear()
+        self._thread = None
+
+    # --- the segment's side ---
+
+    def take(self, component: Any) -> T | None:
+        """A ready instance of ``component``, or None (the caller instantiates inline); either
+        way another is made ahead for the next segment."""
+        name = self._key(component)
+        with self._cond:
+            if self._closed:
+                return None
+            kept = self._kept.get(name)
+            if kept is None:
+                kept = self._kept[name] = _Kept()
+            kept.taken_at = time.monotonic()
+            self._kept.move_to_end(name)
+            item = kept.ready.pop() if kept.ready else None
+            if item is None:
+                self.stats.misses += 1
+            else:
+                self.stats.hits += 1
+            if name not in self._failing:
+                self._wanted[name] = component
+                self._start()
+                self._cond.notify()
+            return item
+
+    def instantiated_inline(self, component: Any) -> None:
+        """``component`` was instantiated inline: a failure of the past no longer holds."""
+        name = self._key(component)
+        with self._cond:
+            if name in self._failing:
+                self._failing.discard(name)
+                if not self._closed:
+                    self._wanted[name] = component
+                    self._start()
+                    self._cond.notify()
+
+    def ready_count(self, component: Any) -> int:
+        with self._cond:
+            kept = self._kept.get(self._key(component))
+            return len(kept.ready) if kept is not None else 0
+
+    def close(self) -> None:
+        """Stop making instances and drop the ready ones."""
+        with self._cond:
+            self._closed = True
+            dropped = sum(len(k.ready) for k in self._kept.values())
+            self.stats.dropped += dropped
+            self._kept.clear()
+            self._wanted.clear()
+            self._cond.notify_all()
+            thread = self._thread
+        if thread is not None and thread is not threading.current_thread():
+            thread.join(timeout=5)
+
+    # --- the maker's side ---
+
+    def _start(self) -> None:
+        # Under the lock.
+        if self._thread is None:
+            self._thread = threading.Thread(
+                target=self._run, name="cleat-ready-instances", daemon=True
+            )
+            self._thread.start()
+
+    def _next(self) -> tuple[str, Any] | None:
+        """The next component to make an instance of (under the lock), dropping what went
+        idle; None when there is nothing to make."""
+        self._drop_idle()
+        while self._wanted:
+            name, component = next(iter(self._wanted.items()))
+            kept = self._kept.get(name)
+            if kept is None or name in self._failing or len(kept.ready) >= self.per_component:
+                del self._wanted[name]
+                continue
+            self._make_room(name)
+            return name, component
+        return None
+
+    def _drop_idle(self) -> None:
+        now = time.monotonic()
+        for name in list(self._kept):
+            kept = self._kept[name]
+            if now - kept.taken_at > self.idle_s:
+                self.stats.dropped += len(kept.ready)
+                del self._kept[name]
+                self._wanted.pop(name, None)
+            else:
+                break  # ordered by the time taken
+
+    def _make_room(self, name: str) -> None:
+        while len(self._kept) > self.max_components:
+            oldest = next(iter(self._kept))
+            if oldest == name:
+                break
+            self.stats.dropped += len(self._kept.pop(oldest).ready)
+            self._wanted.pop(oldest, None)
+
+    def _run(self) -> None:
+        while True:
+            with self._cond:
+                job = None
+                while not self._closed:
+                    job = self._next()
+                    if job is not None:
+                        break
+                    self._cond.wait(timeout=min(60.0, self.idle_s))
+                if self._closed or job is None:
+                    return
+            name, component = job
+            try:
+                item = self._make(component)
+            except Exception as exc:  # reported by the segment's own inline attempt
+                log.info("not making %s ready ahead any more: %s", name[:12], exc)
+                with self._cond:
+                    self.stats.failed += 1
+                    self._failing.add(name)
+                continue
+            with self._cond:
+                kept = self._kept.get(name)
+                if self._closed or kept is None or len(kept.ready) >= self.per_component:
+                    self.stats.dropped += 1
+                    continue
+                kept.ready.append(item)
+                self.stats.made += 1
+
+
+def _reset_after_fork() -> None:
+    for pool in list(_POOLS):
+        pool._after_fork()
+
+
+os.register_at_fork(after_in_child=_reset_after_fork)

@@ -1,0 +1,190 @@
+"""engine.ready_instances: instances made ahead on a thread of their own, within bounds.
+
+These use a stand-in ``make`` (no WebAssembly): what is made, when, how much is kept and
+what is dropped. The component tests (tests/unit/sdk/test_ready_instances_component.py)
+run real Python workflows on ready instances.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable, Iterator
+
+import pytest
+
+from engine.ready_instances import ReadyInstances
+
+
+class Maker:
+    """Makes ``(component, n)`` tuples; ``fail`` names components whose making raises."""
+
+    def __init__(self) -> None:
+        self.made: list[str] = []
+        self.fail: set[str] = set()
+        self.lock = threading.Lock()
+
+    def __call__(self, component: str) -> tuple[str, int]:
+        if component in self.fail:
+            raise RuntimeError(f"cannot instantiate {component}")
+        with self.lock:
+            self.made.append(component)
+            return component, len(self.made)
+
+
+def wait_for(predicate: Callable[[], bool], timeout: float = 5.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        if time.monotonic() > deadline:
+            raise AssertionError("timed out waiting for the ready instances")
+        time.sleep(0.005)
+
+
+@pytest.fixture
+def maker() -> Maker:
+    return Maker()
+
+
+@pytest.fixture
+def made_by(maker: Maker) -> Iterator[Callable[..., ReadyInstances[tuple[str, int]]]]:
+    pools: list[ReadyInstances[tuple[str, int]]] = []
+
+    def make(**kwargs: float) -> ReadyInstances[tuple[str, int]]:
+        pool: ReadyInstances[tuple[str, int]] = ReadyInstances(
+            maker, key=str, per_component=int(kwargs.pop("per_component", 2)), **kwargs
+        )
+        pools.append(pool)
+        return pool
+
+    yield make
+    for pool in pools:
+        pool.close()
+
+
+def test_the_first_take_misses_then_instances_are_made_ahead_up_to_the_bound(
+    maker: Maker, made_by: Callable[..., ReadyInstances[tuple[str, int]]]
+) -> None:
+    pool = made_by(per_component=2)
+    assert pool.take("a") is None  # nothing made yet: the caller instantiates inline
+    wait_for(lambda: pool.ready_count("a") == 2)
+    time.sleep(0.05)
+    assert maker.made == ["a", "a"]  # two, not more
+
+    first = pool.take("a")
+    assert first is not None and first[0] == "a"
+    wait_for(lambda: pool.ready_count("a") == 2)  # the taken one is replaced
+    assert len(maker.made) == 3
+    assert (pool.stats.hits, pool.stats.misses, pool.stats.made) == (1, 1, 3)
+    # Each instance is handed out once.
+    second, third = pool.take("a"), pool.take("a")
+    assert second is not None and third is not None
+    assert len({first[1], second[1], third[1]}) == 3
+
+
+def test_only_components_that_were_taken_are_made(
+    maker: Maker, made_by: Callable[..., ReadyInstances[tuple[str, int]]]
+) -> None:
+    pool = made_by(per_component=1)
+    pool.take("a")
+    wait_for(lambda: pool.ready_count("a") == 1)
+    assert pool.ready_count("b") == 0
+    assert maker.made == ["a"]
+
+
+def test_the_least_recently_taken_component_makes_room(
+    maker: Maker, made_by: Callable[..., ReadyInstances[tuple[str, int]]]
+) -> None:
+    pool = made_by(per_component=1, max_components=2)
+    for name in ("a", "b"):
+        pool.take(name)
+        wait_for(lambda name=name: pool.ready_count(name) == 1)  # type: ignore[misc]
+    pool.take("a")  # "b" is now the least recently taken
+    wait_for(lambda: pool.ready_count("a") == 1)
+    pool.take("c")
+    wait_for(lambda: pool.ready_count("c") == 1)
+    assert pool.ready_count("b") == 0  # dropped for "c"
+    assert pool.ready_count("a") == 1
+    assert pool.stats.dropped == 1
+
+
+def test_a_component_not_taken_for_the_idle_time_has_its_instances_dropped(
+    maker: Maker, made_by: Callable[..., ReadyInstances[tuple[str, int]]]
+) -> None:
+    pool = made_by(per_component=2, idle_s=0.2)
+    pool.take("a")
+    wait_for(lambda: pool.ready_count("a") == 2)
+    pool.take("b")  # wakes the maker; "a" is not idle yet
+    wait_for(lambda: pool.ready_count("b") == 2)
+    assert pool.ready_count("a") >= 1
+    time.sleep(0.25)
+    pool.take("b")  # the maker wakes, and "a" has been idle past 0.2 s
+    wait_for(lambda: pool.ready_count("a") == 0)
+    wait_for(lambda: pool.ready_count("b") == 2)
+    assert pool.stats.dropped >= 2
+
+
+def test_a_component_that_fails_to_instantiate_is_not_made_again_until_inline_succeeds(
+    maker: Maker, made_by: Callable[..., ReadyInstances[tuple[str, int]]]
+) -> None:
+    maker.fail.add("bad")
+    pool = made_by(per_component=2)
+    assert pool.take("bad") is None
+    wait_for(lambda: pool.stats.failed == 1)
+    for _ in range(3):
+        assert pool.take("bad") is None  # the segment instantiates inline and reports
+    time.sleep(0.05)
+    assert pool.stats.failed == 1  # tried once, not at every segment
+    assert pool.ready_count("bad") == 0
+
+    maker.fail.clear()  # e.g. the limit was raised: the inline attempt succeeded
+    pool.instantiated_inline("bad")
+    wait_for(lambda: pool.ready_count("bad") == 2)
+
+
+def test_close_stops_the_maker_and_drops_what_is_ready(
+    maker: Maker, made_by: Callable[..., ReadyInstances[tuple[str, int]]]
+) -> None:
+    pool = made_by(per_component=2)
+    pool.take("a")
+    wait_for(lambda: pool.ready_count("a") == 2)
+    pool.close()
+    assert pool.take("a") is None
+    assert pool.ready_count("a") == 0
+    assert pool.stats.dropped == 2
+    threads = [t.name for t in threading.enumerate()]
+    made = len(maker.made)
+    time.sleep(0.05)
+    assert len(maker.made) == made
+    assert pool._thread is not None and not pool._thread.is_alive(), threads
+
+
+def test_a_bound_below_one_is_refused() -> None:
+    with pytest.raises(ValueError, match="per_component"):
+        ReadyInstances(Maker(), key=str, per_component=0)
+
+
+def test_a_forked_child_starts_with_nothing_ready_and_makes_its_own(
+    maker: Maker, made_by: Callable[..., ReadyInstances[tuple[str, int]]]
+) -> None:
+    import os
+
+    pool = made_by(per_component=1)
+    pool.take("a")
+    wait_for(lambda: pool.ready_count("a") == 1)
+    read, write = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # the child: its maker thread did not survive the fork
+        code = 1
+        try:
+            before = pool.ready_count("a")
+            pool.take("a")
+            wait_for(lambda: pool.ready_count("a") == 1)
+            code = 0 if before == 0 else 2
+        finally:
+            os.write(write, bytes([code]))
+            os._exit(0)
+    os.close(write)
+    answer = os.read(read, 1)
+    os.waitpid(pid, 0)
+    assert answer == b"\x00"
+    assert pool.ready_count("a") == 1  # the parent's are untouched

@@ -1,0 +1,185 @@
+"""Python workflows on instances made ahead (engine.ready_instances, CLEAT_READY_INSTANCES).
+
+A run must not be able to tell whether its segment took a ready instance or instantiated
+its own: the same run gets the same time, random numbers and UUIDs either way, its guest
+output is its own, and its segment has its whole deadline however long the instance waited.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+
+from engine.component import LoadedComponent
+from engine.config import MIB, EngineConfig
+from engine.runtime import WasmRuntime
+from engine.testing import WorkflowEnvironment
+from tests.fixtures import FakeService
+
+
+def runtime_with(ready: int, **config: Any) -> WasmRuntime:
+    from cleat_workflow.testing import compiled_cache_dir
+
+    # Another engine each: the component comes from the disk cache, not from a compile.
+    return WasmRuntime(
+        EngineConfig(module_cache_dir=compiled_cache_dir(), ready_instances=ready, **config)
+    )
+
+
+@pytest.fixture(scope="module")
+def ready_runtime() -> Iterator[WasmRuntime]:
+    runtime = runtime_with(2)
+    yield runtime
+    runtime.close()
+
+
+@pytest.fixture(scope="module")
+def inline_runtime() -> Iterator[WasmRuntime]:
+    runtime = runtime_with(0)
+    yield runtime
+    runtime.close()
+
+
+def environment(runtime: WasmRuntime) -> WorkflowEnvironment:
+    from cleat_workflow.testing import PythonWorkflowEnvironment
+
+    return PythonWorkflowEnvironment(
+        {"shop": FakeService({"price": {"cents": 1200}})}, runtime=runtime
+    )
+
+
+def wait_until_ready(runtime: WasmRuntime, wasm: bytes, count: int = 1) -> LoadedComponent:
+    loaded = runtime.load(wasm)
+    assert isinstance(loaded, LoadedComponent)
+    ready = runtime.components.ready
+    assert ready is not None
+    deadline = time.monotonic() + 60
+    while ready.ready_count(loaded) < count:
+        assert time.monotonic() < deadline, "no instance was made ahead within 60 s"
+        time.sleep(0.01)
+    return loaded
+
+
+def run_clock(env: WorkflowEnvironment, run_id: str) -> Any:
+    """The scenarios' ``clock`` (time, random, uuid4, urandom before a call, after it and
+    after a sleep) as run ``run_id`` of workflow ``wf-clock``: two segments."""
+    env.storage.create_run("clock", 1, '{"sleep": 30}', workflow_id="wf-clock", run_id=run_id)
+    env.run_until_idle()
+    env.advance(seconds=30)
+    return env.result(run_id)
+
+
+def test_a_run_on_ready_instances_draws_what_it_draws_inline(
+    scenarios_wasm: bytes, ready_runtime: WasmRuntime, inline_runtime: WasmRuntime
+) -> None:
+    ready_env, inline_env = environment(ready_runtime), environment(inline_runtime)
+    for env in (ready_env, inline_env):
+        env.deploy("clock", scenarios_wasm)
+    ready_env.run("clock", {"sleep": 0})  # the component's first segment: inline
+    wait_until_ready(ready_runtime, scenarios_wasm, 2)
+    ready = ready_runtime.components.ready
+    assert ready is not None
+    hits = ready.stats.hits
+
+    on_ready = run_clock(ready_env, "run-1")
+    inline = run_clock(inline_env, "run-1")
+
+    assert ready.stats.hits >= hits + 1  # its first segment surely took a ready instance
+    assert inline_runtime.components.ready is None
+    assert on_ready == inline
+    samples = on_ready["samples"]
+    assert len({s["random"] for s in samples}) == 3  # seeded from the run, not from zeros
+    assert len({s["uuid4"] for s in samples}) == 3
+    # Another run draws other numbers on a ready instance too.
+    other = run_clock(ready_env, "run-2")
+    assert other["samples"][0]["random"] != samples[0]["random"]
+    # And the history recorded on ready instances replays inline, quietly.
+    inline_env.storage.runs["run-1"] = ready_env.storage.runs["run-1"]
+    inline_env.assert_replays("run-1")
+
+
+def test_guest_output_of_a_ready_instance_is_the_run_that_took_it(
+    scenarios_wasm: bytes, ready_runtime: WasmRuntime
+) -> None:
+    """The SDK announces time.sleep on stderr with the workflow's line; the host reads it
+    from the segment's session, which a ready instance is bound to when taken."""
+    env = environment(ready_runtime)
+    env.deploy("naps", scenarios_wasm)
+    wait_until_ready(ready_runtime, scenarios_wasm)
+    ready = ready_runtime.components.ready
+    assert ready is not None
+    hits = ready.stats.hits
+    run = env.run("naps")
+    assert ready.stats.hits == hits + 1
+    info = env.describe(run)
+    assert info["error_code"] == "guest_fault"
+    assert "time.sleep at scenarios.py:" in info["error"] and "in naps" in info["error"]
+
+
+def test_a_ready_instance_that_waited_past_the_deadline_still_gets_the_whole_segment(
+    scenarios_wasm: bytes,
+) -> None:
+    runtime = runtime_with(1, segment_timeout_s=0.5)
+    try:
+        env = environment(runtime)
+        env.deploy("clock", scenarios_wasm)
+        env.deploy("spins", scenarios_wasm)
+        env.run("clock", {"sleep": 0})
+        wait_until_ready(runtime, scenarios_wasm)
+        time.sleep(0.8)  # longer than a segment may run
+        hits = runtime.components.ready.stats.hits  # type: ignore[union-attr]
+        run = env.run("clock", {"sleep": 0})
+        assert runtime.components.ready.stats.hits == hits + 1  # type: ignore[union-attr]
+        assert env.describe(run)["status"] == "done"
+        # ... and the deadline is still enforced on one.
+        wait_until_ready(runtime, scenarios_wasm)
+        spinning = env.run("spins")
+        info = env.describe(spinning)
+        assert info["error_code"] == "timeout"
+    finally:
+        runtime.close()
+
+
+def test_a_component_that_cannot_be_instantiated_fails_its_runs_as_inline_and_is_tried_once(
+    scenarios_wasm: bytes,
+) -> None:
+    """CPython's initial memory does not fit in 2 MiB: each run fails with the resource
+    limit, as without ready instances, and the maker gives up after one attempt."""
+    runtime = runtime_with(2, memory_limit_bytes=2 * MIB)
+    ready = runtime.components.ready
+    assert ready is not None
+    try:
+        loaded = runtime.load(scenarios_wasm)
+        env = environment(runtime)
+        env.deploy("clock", scenarios_wasm)
+        errors = []
+        for _ in range(3):
+            run = env.run("clock", {"sleep": 0})
+            info = env.describe(run)
+            errors.append((info["status"], info["error_code"]))
+            deadline = time.monotonic() + 30
+            while ready.stats.failed < 1:
+                assert time.monotonic() < deadline
+                time.sleep(0.01)
+        assert errors[0][1] == "resource_limit", errors
+        assert len(set(errors)) == 1
+        assert ready.stats.failed == 1
+        assert ready.ready_count(loaded) == 0
+    finally:
+        runtime.close()
+
+
+def test_closing_the_runtime_stops_making_instances(scenarios_wasm: bytes) -> None:
+    runtime = runtime_with(2)
+    env = environment(runtime)
+    env.deploy("clock", scenarios_wasm)
+    env.run("clock", {"sleep": 0})
+    loaded = wait_until_ready(runtime, scenarios_wasm)
+    ready = runtime.components.ready
+    assert ready is not None
+    runtime.close()
+    assert ready.ready_count(loaded) == 0
+    assert ready.take(loaded) is None
