@@ -73,6 +73,7 @@ def steps(ctx: Context, n: int) -> bool:
 
 GOAL_INSTANTIATE_MS = 10.0
 GOAL_NEW_PROCESS_LOAD_MS = 300.0
+GOAL_SEGMENT_START_MS = 1.0  # issue 16
 
 # Run in a new process: load the component from the disk cache, then run one segment.
 NEW_PROCESS_SCRIPT = """
@@ -208,6 +209,22 @@ def workload(bench: Bench, runs: int, steps: int = 10) -> tuple[Timing, list[flo
     return Timing(time.perf_counter() - wall, time.thread_time() - cpu), per_run
 
 
+def segment_starts(bench: Bench, runs: int, gap_s: float) -> list[float]:
+    """ms from the start of a 1-step run's segment to its call reaching the service: what
+    a segment pays before its first step (instantiate or take a ready instance, the first
+    call into the guest, the SDK's call down to the host). ``gap_s`` between runs stands for
+    the worker's database round trips, during which a ready instance is made."""
+    bench.run_fresh(1)
+    starts: list[float] = []
+    for _ in range(runs):
+        time.sleep(gap_s)
+        bench.echo.stamps.clear()
+        started = time.perf_counter_ns()
+        bench.run_fresh(1)
+        starts.append((bench.echo.stamps[0] - started) / 1e6)
+    return starts
+
+
 def goal(value: float, limit: float) -> str:
     return f"goal ≤ {limit:.0f}: {'met' if value <= limit else 'MISSED'}"
 
@@ -219,6 +236,10 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--workload-runs", type=int, default=100, help="10-step runs timed")
     parser.add_argument("--instantiations", type=int, default=200)
     parser.add_argument("--processes", type=int, default=3, help="new-process loads")
+    parser.add_argument("--starts", type=int, default=200, help="segment starts timed")
+    parser.add_argument(
+        "--gap-ms", type=float, default=5.0, help="pause between the timed segment starts"
+    )
     args = parser.parse_args(argv)
 
     print(
@@ -230,7 +251,10 @@ def main(argv: Sequence[str] | None = None) -> None:
     print(f"component: {len(wasm) / 1e6:.1f} MB, {how} (key {built['key']})")
 
     cache = compiled_cache_dir()
-    runtime = WasmRuntime(EngineConfig(module_cache_dir=cache))
+    # Every segment instantiates its own component here, as before ready instances; the
+    # ready-instance figures use a runtime of their own (CLEAT_READY_INSTANCES' default).
+    runtime = WasmRuntime(EngineConfig(module_cache_dir=cache, ready_instances=0))
+    ready_runtime = WasmRuntime(EngineConfig(module_cache_dir=cache))
     timing, loaded = timed(lambda: runtime.load(wasm))
     assert isinstance(loaded, LoadedComponent)
     source = "disk cache" if runtime.modules.disk_hits else "compiled (cache miss)"
@@ -303,10 +327,50 @@ def main(argv: Sequence[str] | None = None) -> None:
             "",
         )
     )
+    ready = Bench(ready_runtime, wasm)
+    total, per_run = workload(ready, args.workload_runs)
+    rows.append(
+        (
+            "Python component, ready instances: 10-step runs, steps/s (wall / cpu)",
+            f"{10 * args.workload_runs / total.wall:,.0f} / "
+            f"{10 * args.workload_runs / total.cpu:,.0f} "
+            f"(run p50 {percentile(per_run, 50):.1f} ms)",
+            "",
+        )
+    )
+    empty = median_timing([timed(lambda: ready.run_fresh(0))[0] for _ in range(20)])
+    rows.append(
+        (
+            "Python component, ready instances: a 0-step segment, ms",
+            f"{empty.wall * 1000:.2f} / {empty.cpu * 1000:.2f}",
+            "",
+        )
+    )
+    for label, bench in (("inline", python), ("ready instance", ready)):
+        starts = segment_starts(bench, args.starts, args.gap_ms / 1000)
+        p50 = percentile(starts, 50)
+        rows.append(
+            (
+                f"Python component: a segment's start to its first call ({label}), "
+                f"p50 / p90 ms, {args.gap_ms:g} ms apart",
+                f"{p50:.2f} / {percentile(starts, 90):.2f}",
+                goal(p50, GOAL_SEGMENT_START_MS),
+            )
+        )
+    stats = ready_runtime.components.ready
+    if stats is not None:
+        rows.append(
+            (
+                "ready instances: taken / made inline / made ahead",
+                f"{stats.stats.hits} / {stats.stats.misses} / {stats.stats.made}",
+                "",
+            )
+        )
     width = max(len(r[0]) for r in rows)
     for name, value, target in rows:
         print(f"{name:<{width}}  {value}  {target}")
     runtime.close()
+    ready_runtime.close()
 
 
 if __name__ == "__main__":

@@ -993,11 +993,11 @@ class ComponentBackend:
             outcome: Outcome = failed(ErrorCode.INVALID_MODULE, message)
             return session.result(outcome, time.monotonic() - started)
         prepared = self.ready.take(module) if self.ready is not None else None
+        inline = False
         try:
             if prepared is None:
                 prepared = self.prepare(module, session)
-                if self.ready is not None:
-                    self.ready.instantiated_inline(module)
+                inline = True
             else:
                 # Made ahead: the segment's deadline starts now, and its output is this run's.
                 prepared.store.set_epoch_deadline(self.config.deadline_ticks)
@@ -1027,4 +1027,6 @@ class ComponentBackend:
             outcome = classify_component(exc, session, self.config)
         finally:
             _current.frame = previous
+            if self.ready is not None:
+                self.ready.replenish(module, instantiated_inline=inline)
         return session.result(outcome, time.monotonic() - started)

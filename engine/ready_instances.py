@@ -5,8 +5,11 @@ first instruction runs: wasmtime links CPython's core modules, and their start f
 fill the dynamic-linking tables of every function libpython exports. None of that depends on
 the run: until the guest is first called, a fresh instance is the same whichever run takes
 it. So a segment takes an instance made ahead of it, on a thread of its own
-(``cleat-ready-instances``), and asks for another in its place; only when none is ready does
-it instantiate inline, as it always did.
+(``cleat-ready-instances``), and asks for another in its place once its guest has stopped
+running (while the worker writes the segment's outcome); only when none is ready does it
+instantiate inline, as it always did. Not sooner: instantiating maps memory, and the page
+faults of a guest running meanwhile wait on the process's memory map -- made while the
+segment ran, the next instance cost the segment about as much as it saved.
 
 What a ready instance has done, and what it has not:
 
@@ -24,8 +27,9 @@ What a ready instance has done, and what it has not:
 Bounds: ``per_component`` instances of each component, for at most
 :data:`MAX_COMPONENTS` components (the least recently taken one's are dropped for a newer
 one's), and a component not taken for ``idle_s`` has its instances dropped. An instance
-costs about 0.5 MB of memory. A component whose instantiation fails is not made ahead again
-until it has been instantiated inline: the segment's own attempt reports the error to the run.
+costs about 0.5 MB of memory. Only a component a segment instantiated inline is made ahead,
+and one whose instantiation ahead fails is not made ahead again until a segment instantiates
+it inline: a segment's own attempt reports an error to its run.
 """
 
 from __future__ import annotations
@@ -121,8 +125,8 @@ class ReadyInstances(Generic[T]):
     # --- the segment's side ---
 
     def take(self, component: Any) -> T | None:
-        """A ready instance of ``component``, or None (the caller instantiates inline); either
-        way another is made ahead for the next segment."""
+        """A ready instance of ``component``, or None (the caller instantiates inline). The
+        caller calls :meth:`replenish` when its guest has stopped running."""
         name = self._key(component)
         with self._cond:
             if self._closed:
@@ -137,22 +141,23 @@ class ReadyInstances(Generic[T]):
                 self.stats.misses += 1
             else:
                 self.stats.hits += 1
-            if name not in self._failing:
-                self._wanted[name] = component
-                self._start()
-                self._cond.notify()
             return item
 
-    def instantiated_inline(self, component: Any) -> None:
-        """``component`` was instantiated inline: a failure of the past no longer holds."""
+    def replenish(self, component: Any, instantiated_inline: bool = False) -> None:
+        """The segment that took an instance of ``component`` (or made its own, if
+        ``instantiated_inline``: a failure of the past no longer holds) has stopped running
+        its guest: make the instances it used up, while the worker writes its outcome.
+        Not sooner: instantiating maps memory, and page faults of a guest running meanwhile
+        wait for the process's memory map (measured: the segment lost what it gained)."""
         name = self._key(component)
         with self._cond:
-            if name in self._failing:
+            if instantiated_inline:
                 self._failing.discard(name)
-                if not self._closed:
-                    self._wanted[name] = component
-                    self._start()
-                    self._cond.notify()
+            if self._closed or name in self._failing or name not in self._kept:
+                return
+            self._wanted[name] = component
+            self._start()
+            self._cond.notify()
 
     def ready_count(self, component: Any) -> int:
         with self._cond:

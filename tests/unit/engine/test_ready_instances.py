@@ -40,6 +40,13 @@ def wait_for(predicate: Callable[[], bool], timeout: float = 5.0) -> None:
         time.sleep(0.005)
 
 
+def use(pool: ReadyInstances[tuple[str, int]], name: str) -> tuple[str, int] | None:
+    """A segment of ``name``: takes an instance, runs, and asks for its replacement."""
+    item = pool.take(name)
+    pool.replenish(name, instantiated_inline=item is None)
+    return item
+
+
 @pytest.fixture
 def maker() -> Maker:
     return Maker()
@@ -66,12 +73,17 @@ def test_the_first_take_misses_then_instances_are_made_ahead_up_to_the_bound(
 ) -> None:
     pool = made_by(per_component=2)
     assert pool.take("a") is None  # nothing made yet: the caller instantiates inline
+    time.sleep(0.05)
+    assert maker.made == []  # nothing is made while the segment runs its guest
+    pool.replenish("a", instantiated_inline=True)  # ... only once it is over
     wait_for(lambda: pool.ready_count("a") == 2)
     time.sleep(0.05)
     assert maker.made == ["a", "a"]  # two, not more
 
     first = pool.take("a")
     assert first is not None and first[0] == "a"
+    assert pool.ready_count("a") == 1
+    pool.replenish("a")
     wait_for(lambda: pool.ready_count("a") == 2)  # the taken one is replaced
     assert len(maker.made) == 3
     assert (pool.stats.hits, pool.stats.misses, pool.stats.made) == (1, 1, 3)
@@ -85,7 +97,7 @@ def test_only_components_that_were_taken_are_made(
     maker: Maker, made_by: Callable[..., ReadyInstances[tuple[str, int]]]
 ) -> None:
     pool = made_by(per_component=1)
-    pool.take("a")
+    use(pool, "a")
     wait_for(lambda: pool.ready_count("a") == 1)
     assert pool.ready_count("b") == 0
     assert maker.made == ["a"]
@@ -96,11 +108,11 @@ def test_the_least_recently_taken_component_makes_room(
 ) -> None:
     pool = made_by(per_component=1, max_components=2)
     for name in ("a", "b"):
-        pool.take(name)
+        use(pool, name)
         wait_for(lambda name=name: pool.ready_count(name) == 1)  # type: ignore[misc]
-    pool.take("a")  # "b" is now the least recently taken
+    use(pool, "a")  # "b" is now the least recently taken
     wait_for(lambda: pool.ready_count("a") == 1)
-    pool.take("c")
+    use(pool, "c")
     wait_for(lambda: pool.ready_count("c") == 1)
     assert pool.ready_count("b") == 0  # dropped for "c"
     assert pool.ready_count("a") == 1
@@ -111,41 +123,42 @@ def test_a_component_not_taken_for_the_idle_time_has_its_instances_dropped(
     maker: Maker, made_by: Callable[..., ReadyInstances[tuple[str, int]]]
 ) -> None:
     pool = made_by(per_component=2, idle_s=0.2)
-    pool.take("a")
+    use(pool, "a")
     wait_for(lambda: pool.ready_count("a") == 2)
-    pool.take("b")  # wakes the maker; "a" is not idle yet
+    use(pool, "b")  # wakes the maker; "a" is not idle yet
     wait_for(lambda: pool.ready_count("b") == 2)
     assert pool.ready_count("a") >= 1
     time.sleep(0.25)
-    pool.take("b")  # the maker wakes, and "a" has been idle past 0.2 s
+    use(pool, "b")  # the maker wakes, and "a" has been idle past 0.2 s
     wait_for(lambda: pool.ready_count("a") == 0)
     wait_for(lambda: pool.ready_count("b") == 2)
     assert pool.stats.dropped >= 2
 
 
-def test_a_component_that_fails_to_instantiate_is_not_made_again_until_inline_succeeds(
+def test_a_component_that_fails_to_instantiate_ahead_is_not_made_again_until_inline_succeeds(
     maker: Maker, made_by: Callable[..., ReadyInstances[tuple[str, int]]]
 ) -> None:
-    maker.fail.add("bad")
     pool = made_by(per_component=2)
-    assert pool.take("bad") is None
+    use(pool, "flaky")  # instantiated inline, then made ahead: that fails
+    maker.fail.add("flaky")
     wait_for(lambda: pool.stats.failed == 1)
-    for _ in range(3):
-        assert pool.take("bad") is None  # the segment instantiates inline and reports
+    for _ in range(3):  # the segments instantiate inline (and report any error themselves)
+        assert pool.take("flaky") is None
+        pool.replenish("flaky")  # an inline attempt that failed: not a reason to retry
     time.sleep(0.05)
     assert pool.stats.failed == 1  # tried once, not at every segment
-    assert pool.ready_count("bad") == 0
+    assert pool.ready_count("flaky") == 0
 
-    maker.fail.clear()  # e.g. the limit was raised: the inline attempt succeeded
-    pool.instantiated_inline("bad")
-    wait_for(lambda: pool.ready_count("bad") == 2)
+    maker.fail.clear()  # e.g. the memory came back: an inline attempt succeeded
+    use(pool, "flaky")
+    wait_for(lambda: pool.ready_count("flaky") == 2)
 
 
 def test_close_stops_the_maker_and_drops_what_is_ready(
     maker: Maker, made_by: Callable[..., ReadyInstances[tuple[str, int]]]
 ) -> None:
     pool = made_by(per_component=2)
-    pool.take("a")
+    use(pool, "a")
     wait_for(lambda: pool.ready_count("a") == 2)
     pool.close()
     assert pool.take("a") is None
@@ -169,7 +182,7 @@ def test_a_forked_child_starts_with_nothing_ready_and_makes_its_own(
     import os
 
     pool = made_by(per_component=1)
-    pool.take("a")
+    use(pool, "a")
     wait_for(lambda: pool.ready_count("a") == 1)
     read, write = os.pipe()
     pid = os.fork()
@@ -177,7 +190,7 @@ def test_a_forked_child_starts_with_nothing_ready_and_makes_its_own(
         code = 1
         try:
             before = pool.ready_count("a")
-            pool.take("a")
+            use(pool, "a")
             wait_for(lambda: pool.ready_count("a") == 1)
             code = 0 if before == 0 else 2
         finally:
