@@ -152,6 +152,9 @@ class Cleat:
     logdir: Path
     app_url: str = ""
     env: dict[str, str] = field(default_factory=dict)
+    # "wat": the steps workload as a core module; "python": as a Python workflow
+    # (python_bench's STEPS_PY), deployed under the same name.
+    workload: str = "wat"
 
     def prepare(self) -> None:
         """Create and migrate the database (as the owner); configure Django in this process
@@ -193,7 +196,12 @@ class Cleat:
         from workflows.services import get_tenant
 
         self.tenant = get_tenant(str(DEFAULT_TENANT_ID))
-        deploy_definition(self.tenant, "bench_steps", wasmtime.wat2wasm(STEPS_WAT))
+        if self.workload == "python":
+            from bench.python_bench import build_steps_component
+
+            deploy_definition(self.tenant, "bench_steps", build_steps_component()[0])
+        else:
+            deploy_definition(self.tenant, "bench_steps", wasmtime.wat2wasm(STEPS_WAT))
 
     def set_encryption(self, on: bool) -> None:
         """Encryption at rest on or off, for the workers and for this process's starts."""
@@ -229,12 +237,14 @@ class Cleat:
         for _ in range(count):
             start_workflow(self.tenant, "bench_steps", steps)
 
-    def runworker(self, *args: str, log: str) -> subprocess.Popen[bytes]:
+    def runworker(
+        self, *args: str, log: str, env: dict[str, str] | None = None
+    ) -> subprocess.Popen[bytes]:
         out = open(self.logdir / log, "ab")  # noqa: SIM115 -- closed with the process
         return subprocess.Popen(
             [PYTHON, "manage.py", "runworker", *args],
             cwd=ROOT,
-            env=self.env,
+            env={**self.env, **(env or {})},
             stdout=out,
             stderr=subprocess.STDOUT,
             start_new_session=True,
@@ -414,17 +424,23 @@ def await_done(cleat: Cleat, run_id: Any, what: str) -> tuple[Any, Any]:
     raise RuntimeError(f"{what} run not done after 30 s")
 
 
-def cleat_latency(cleat: Cleat, runs: int, concurrency: int) -> Latency:
+def cleat_latency(
+    cleat: Cleat,
+    runs: int,
+    concurrency: int,
+    definition: str = "bench_steps",
+    env: dict[str, str] | None = None,
+) -> Latency:
     from django.db import connections
 
     from workflows.services import start_workflow
 
     cleat.reset()
-    worker = cleat.runworker("--concurrency", str(concurrency), log="cleat-latency.log")
+    worker = cleat.runworker("--concurrency", str(concurrency), log="cleat-latency.log", env=env)
 
     def one() -> tuple[float, float]:
         began = time.perf_counter()
-        instance, _ = start_workflow(cleat.tenant, "bench_steps", 1)
+        instance, _ = start_workflow(cleat.tenant, definition, 1)
         created, completed = await_done(cleat, instance.id, "latency")
         seen = (time.perf_counter() - began) * 1000
         return (completed - created).total_seconds() * 1000, seen
@@ -444,6 +460,42 @@ def cleat_latency(cleat: Cleat, runs: int, concurrency: int) -> Latency:
         worker.wait(timeout=60)
         connections.close_all()
     return Latency(samples, observed)
+
+
+def python_latency(cleat: Cleat, runs: int, concurrency: int, rounds: int) -> None:
+    """`--only python-latency`: start -> done of a 1-step Python workflow (python_bench's
+    STEPS_PY) through the PostgreSQL worker, with ready instances (CLEAT_READY_INSTANCES=2)
+    and without (0), rounds interleaved: each of its two segments (the call, then the end)
+    instantiates the component, or takes an instance made ahead."""
+    from bench.python_bench import build_steps_component
+    from workflows.definitions import deploy_definition
+
+    wasm, _ = build_steps_component()
+    deploy_definition(cleat.tenant, "bench_py_steps", wasm)
+    samples: dict[int, list[float]] = {0: [], 2: []}
+    for _ in range(rounds):
+        for ready in samples:
+            latency = cleat_latency(
+                cleat,
+                runs,
+                concurrency,
+                definition="bench_py_steps",
+                env={"CLEAT_READY_INSTANCES": str(ready)},
+            )
+            samples[ready] += latency.samples_ms
+            print(
+                f"python latency, ready instances {ready}: p50 {latency.pct(50):.2f} ms, "
+                f"p99 {latency.pct(99):.2f} ms [load {_load()}]",
+                flush=True,
+            )
+    for ready, unsorted in samples.items():
+        values = sorted(unsorted)
+        print(
+            f"python latency, ready instances {ready}, all rounds: "
+            f"p50 {_percentile(values, 50):.2f} ms, p90 {_percentile(values, 90):.2f} ms, "
+            f"p99 {_percentile(values, 99):.2f} ms ({len(values)} runs)",
+            flush=True,
+        )
 
 
 # --- where the latency goes --------------------------------------------------------------------
@@ -1065,6 +1117,13 @@ def main(argv: Sequence[str] | None = None) -> None:
         help="CONN_MAX_AGE of the workers' connections (DATABASE_URL ?conn_max_age=); "
         "0 leaves it to the settings (env CONN_MAX_AGE, default 60 s: connections are kept)",
     )
+    parser.add_argument(
+        "--workload",
+        choices=["wat", "python"],
+        default="wat",
+        help="the steps workflow as a core module (WAT) or a Python workflow; the worker's "
+        "environment (CLEAT_READY_INSTANCES, ...) comes from this one",
+    )
     parser.add_argument("--latency-runs", type=int, default=200)
     parser.add_argument("--dbos", action=argparse.BooleanOptionalAction, default=True)
     parser.add_argument("--dbos-concurrency", type=int, default=None, help="default: --concurrency")
@@ -1072,9 +1131,18 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--pgbench-seconds", type=int, default=10)
     parser.add_argument(
         "--only",
-        choices=["throughput", "latency", "dbos", "pgbench", "profile", "breakdown"],
+        choices=[
+            "throughput",
+            "latency",
+            "dbos",
+            "pgbench",
+            "profile",
+            "breakdown",
+            "python-latency",
+        ],
         action="append",
-        help="run only these parts (repeatable); default all but profile and breakdown",
+        help="run only these parts (repeatable); default all but profile, breakdown and "
+        "python-latency",
     )
     parser.add_argument(
         "--encryption",
@@ -1121,8 +1189,8 @@ def main(argv: Sequence[str] | None = None) -> None:
     latency: Latency | None = None
     pgbench: float | None = None
     with _databases(server, list(names.values()), args.keep):
-        needs_cleat = parts & {"throughput", "latency", "profile", "breakdown"}
-        cleat = Cleat(server, names["cleat"], args.conn_max_age, logdir)
+        needs_cleat = parts & {"throughput", "latency", "profile", "breakdown", "python-latency"}
+        cleat = Cleat(server, names["cleat"], args.conn_max_age, logdir, workload=args.workload)
         if needs_cleat:
             cleat.prepare()
             cleat.set_encryption(args.encryption == "on")
@@ -1153,6 +1221,8 @@ def main(argv: Sequence[str] | None = None) -> None:
                 f"[load {_load()}]",
                 flush=True,
             )
+        if "python-latency" in parts and args.latency_runs > 0:
+            python_latency(cleat, args.latency_runs, args.concurrency, args.compare_rounds)
         if "breakdown" in parts and args.latency_runs > 0:
             cleat_breakdown(cleat, args.latency_runs, args.concurrency)
         if "dbos" in parts:
