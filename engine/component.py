@@ -52,6 +52,7 @@ from __future__ import annotations
 import ctypes
 import json
 import logging
+import struct
 import threading
 import time
 from collections import deque
@@ -84,7 +85,7 @@ from engine.errors import (
     WorkflowExit,
 )
 from engine.events import EncodedEvent, UpdateAppliedEvent
-from engine.ffi import NO_FINALIZER, CallerContext
+from engine.ffi import NO_FINALIZER, CallerContext, libwasmtime, set_epoch_deadline
 from engine.module_cache import description_path
 from engine.outcomes import AppliedUpdate, Outcome, SegmentResult, failed
 from engine.ready_instances import GuestOutput, ReadyInstances
@@ -311,7 +312,10 @@ class ComponentInstance:
         guest_seconds = time.monotonic() - self._started - self._io_seconds()
         remaining = self.config.segment_timeout_s - guest_seconds
         ticks = max(1, round(remaining / self.config.epoch_tick_s))
-        wasmtime_ffi.wasmtime_context_set_epoch_deadline(self.ctx._context(), ticks)
+        context = self.ctx._context()
+        if isinstance(context, int):  # a host call's context (``_RawCallback``)
+            context = ctypes.c_void_p(context)
+        set_epoch_deadline(context, ctypes.c_uint64(ticks))
 
 
 @dataclass(frozen=True, slots=True)
@@ -377,6 +381,66 @@ def _write_reply(out: Any, reply: Reply) -> None:
     out.of.result.val = _ffi.wasmtime_component_val_new(ctypes.byref(inner))
 
 
+# The hot path reads and writes the value slots as bytes at their addresses: ctypes makes a
+# Python object for every struct, union and pointer it is asked to look through, several per
+# argument, and that cost more than the rest of the boundary. Offsets come from wasmtime-py's
+# declarations of the C API's types; ``_RawCallback`` passes the slots' addresses as integers.
+_VAL = _ffi.wasmtime_component_val_t
+_OF_AT = _VAL.of.offset
+_SLOT_SIZE = ctypes.sizeof(_VAL)
+_VEC_SIZE_AT = _OF_AT + _ffi.wasm_byte_vec_t.size.offset
+_VEC_DATA_AT = _OF_AT + _ffi.wasm_byte_vec_t.data.offset
+_RESULT_OK_AT = _OF_AT + _ffi.wasmtime_component_valresult_t.is_ok.offset
+_RESULT_VAL_AT = _OF_AT + _ffi.wasmtime_component_valresult_t.val.offset
+# A slot's kind byte, and the two words of its payload (a string's size and data, or an
+# integer in the first).
+_SLOT = struct.Struct(f"<B{_OF_AT - 1}xQQ")
+_S64_SLOT = struct.Struct(f"<B{_OF_AT - 1}xq")
+_S32_SLOT = struct.Struct(f"<B{_OF_AT - 1}xi")
+_OK_RESULT = struct.Struct(f"<B{_RESULT_OK_AT - 1}x?{_RESULT_VAL_AT - _RESULT_OK_AT - 1}xQ")
+_RawCallback = ctypes.CFUNCTYPE(
+    ctypes.c_size_t,
+    ctypes.c_void_p,  # env
+    ctypes.c_void_p,  # wasmtime_context_t*
+    ctypes.c_void_p,  # the function's type
+    ctypes.c_void_p,  # the argument slots
+    ctypes.c_size_t,
+    ctypes.c_void_p,  # the result slots
+    ctypes.c_size_t,
+)
+_byte_vec_new = libwasmtime.wasm_byte_vec_new
+_byte_vec_new.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_char_p]
+_byte_vec_new.restype = None
+_byte_vec_delete = libwasmtime.wasm_byte_vec_delete
+_byte_vec_delete.argtypes = [ctypes.c_void_p]
+_byte_vec_delete.restype = None
+_val_new = libwasmtime.wasmtime_component_val_new
+_val_new.argtypes = [ctypes.c_void_p]
+_val_new.restype = ctypes.c_void_p
+# One value slot per thread that builds a reply: ``wasmtime_component_val_new`` moves its
+# contents into the box the result points to (and leaves a bool behind), and the next reply
+# writes it again.
+_scratch = threading.local()
+
+
+def _string_scratch() -> int:
+    address: int | None = getattr(_scratch, "address", None)
+    if address is None:
+        buffer = (ctypes.c_char * _SLOT_SIZE)()
+        _scratch.buffer = buffer
+        address = _scratch.address = ctypes.addressof(buffer)
+    return address
+
+
+def _write_ok_string(results: int, payload: str) -> None:
+    """The result slot at ``results`` := ``ok(payload)`` of ``result<string, call-error>``."""
+    encoded = payload.encode("utf-8")
+    inner = _string_scratch()
+    ctypes.memset(inner, _KIND_STRING, 1)
+    _byte_vec_new(inner + _OF_AT, len(encoded), encoded)
+    ctypes.memmove(results, _OK_RESULT.pack(_KIND_RESULT, True, _val_new(inner)), _OK_RESULT.size)
+
+
 def _host_operation(imp: HostImport) -> Any:
     """The C callback serving ``imp``: the session method of the same name, with the answer
     in WIT form (``result<string, call-error>`` or ``s64``)."""
@@ -385,50 +449,60 @@ def _host_operation(imp: HostImport) -> Any:
     count = len(params)
     packed = imp.returns == "P"
     string_at = ctypes.string_at
-    byte_vec_delete = _ffi.wasm_byte_vec_delete
-    byref = ctypes.byref
+    unpack_slot = _SLOT.unpack_from
+    unpack_s64 = _S64_SLOT.unpack_from
+    unpack_s32 = _S32_SLOT.unpack_from
+    memmove = ctypes.memmove
+    pack_s64 = _S64_SLOT.pack
+    s64_size = _S64_SLOT.size
 
     def host(
-        env: Any, context: Any, ty: Any, args: Any, nargs: int, results: Any, nresults: int
+        env: Any, context: int, ty: Any, args: int, nargs: int, results: int, nresults: int
     ) -> int:
         session: ComponentSession | None = None
         store = CallerContext(context)
         try:
+            if nargs != count or nresults != 1:
+                raise GuestFault(name, f"called with {nargs} arguments; ABI v1 declares {count}")
+            raw = string_at(args, _SLOT_SIZE * count)
+            # The strings are copied out and their buffers freed first, whatever follows.
+            texts: list[bytes] = []
+            for index, code in enumerate(params):
+                if code == "s":
+                    _, size, data = unpack_slot(raw, index * _SLOT_SIZE)
+                    texts.append(string_at(data, size))
+                    _byte_vec_delete(args + index * _SLOT_SIZE + _OF_AT)
             frame = _frame()
             if frame is None:
                 raise GuestFault(name, "host functions cannot be called outside a workflow run")
             session, instance = frame
-            if nargs != count or nresults != 1:
-                raise GuestFault(name, f"called with {nargs} arguments; ABI v1 declares {count}")
             limit = instance.config.max_string_bytes
             values: list[Any] = []
+            strings = iter(texts)
             for index, code in enumerate(params):
-                slot = args[index]
                 if code == "s":
-                    vec = slot.of.string
-                    size = vec.size
-                    if size > limit:
+                    text = next(strings)
+                    if len(text) > limit:
                         raise GuestFault(
-                            name, f"a string of {size} bytes exceeds the {limit}-byte maximum"
+                            name, f"a string of {len(text)} bytes exceeds the {limit}-byte maximum"
                         )
-                    values.append(string_at(vec.data, size).decode("utf-8"))
-                    byte_vec_delete(byref(slot.of.string))
+                    values.append(text.decode("utf-8"))
                 elif code == "I":
-                    values.append(slot.of.s64)
+                    values.append(unpack_s64(raw, index * _SLOT_SIZE)[1])
                 else:
-                    values.append(slot.of.s32)
+                    values.append(unpack_s32(raw, index * _SLOT_SIZE)[1])
             previous = instance.ctx
             instance.ctx = store
             try:
                 result = getattr(session, name)(*values)
             finally:
                 instance.ctx = previous
-            out = results[0]
-            if packed:
-                _write_reply(out, result)
+            if not packed:
+                memmove(results, pack_s64(_KIND_S64, int(result)), s64_size)
+            elif result.status == AbiStatus.OK:
+                _write_ok_string(results, result.payload)
             else:
-                out.kind = _KIND_S64
-                out.of.s64 = int(result)
+                _write_reply(_VAL.from_address(results), result)
             return 0
         except BaseException as exc:
             if session is not None and session.exit is None:
@@ -440,7 +514,7 @@ def _host_operation(imp: HostImport) -> Any:
         finally:
             store.invalidate()
 
-    return _ffi.wasmtime_component_func_callback_t(host)
+    return _RawCallback(host)
 
 
 def _define_host_operation(instance: wc.LinkerInstance, imp: HostImport) -> None:
@@ -625,7 +699,7 @@ def _define_callback(instance: wc.LinkerInstance, name: str, callback: Any) -> N
         instance.ptr(),
         ctypes.create_string_buffer(encoded),
         len(encoded),
-        callback,
+        ctypes.cast(callback, _ffi.wasmtime_component_func_callback_t),
         None,
         NO_FINALIZER,
     )

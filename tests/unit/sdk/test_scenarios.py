@@ -576,3 +576,28 @@ def test_changed_code_is_caught_as_nondeterminism_naming_the_step(
     assert len(shop.calls) == calls_before
     recorded = [e for e in env.history(run) if isinstance(e, CallEvent)]
     assert [e.operation for e in recorded] == ["price", "reject", "flaky", "flaky"]
+
+
+def test_a_string_over_the_limit_is_a_guest_fault_naming_its_size(scenarios_wasm: bytes) -> None:
+    """The host reads each string argument whole before it checks its size, and frees it
+    either way; the run fails with the sizes named, and the next run is unharmed."""
+    from cleat_workflow.testing import PythonWorkflowEnvironment, compiled_cache_dir
+
+    runtime = WasmRuntime(
+        EngineConfig(max_string_bytes=2048, module_cache_dir=compiled_cache_dir())
+    )
+    try:
+        shop = FakeService({"price": {"cents": 1}})
+        env = PythonWorkflowEnvironment({"shop": shop}, runtime=runtime)
+        env.deploy("calls", scenarios_wasm)
+        run = env.run("calls", {"sku": "x" * 3000})
+        info = env.describe(run)
+        assert info["error_code"] == "guest_fault"
+        assert info["error"] == "durable_call: a string of 3010 bytes exceeds the 2048-byte maximum"
+        assert shop.calls == []
+        env.deploy("clock", scenarios_wasm)
+        fine = env.run("clock", {"sleep": 1})
+        env.advance(seconds=1)
+        assert env.describe(fine)["status"] == "done"
+    finally:
+        runtime.close()
