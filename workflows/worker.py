@@ -75,19 +75,19 @@ class ReadyInstancesCollector(Collector):
         if stats is None:
             return
         taken = CounterMetricFamily(
-            "cleat_ready_instances_taken",
-            "Python-workflow segments that took an instance made ahead (ready) or made "
-            "their own (inline)",
-            labels=["instance"],
+            "cleat_component_instances_taken",
+            "Python-workflow segments by where their instance was made: ahead of the "
+            "segment (ahead) or by the segment itself (inline)",
+            labels=["made"],
         )
-        taken.add_metric(["ready"], stats.hits)
+        taken.add_metric(["ahead"], stats.hits)
         taken.add_metric(["inline"], stats.misses)
         yield taken
         yield CounterMetricFamily(
-            "cleat_ready_instances_made", "Instances made ahead", value=stats.made
+            "cleat_component_instances_made_ahead", "Instances made ahead", value=stats.made
         )
         yield CounterMetricFamily(
-            "cleat_ready_instances_dropped",
+            "cleat_component_instances_dropped",
             "Instances made ahead and dropped unused (idle, room, stop)",
             value=stats.dropped,
         )

@@ -174,15 +174,15 @@ def _ready_taken() -> dict[str, float]:
 
     found = {}
     for family in REGISTRY.collect():
-        if family.name == "cleat_ready_instances_taken":
+        if family.name == "cleat_component_instances_taken":
             for sample in family.samples:
                 if sample.name.endswith("_total"):
-                    found[sample.labels["instance"]] = sample.value
+                    found[sample.labels["made"]] = sample.value
     return found
 
 
 def test_the_workers_metrics_count_segments_on_instances_made_ahead(make_env: Any) -> None:
-    """cleat_ready_instances_taken_total{instance="ready"|"inline"} counts every Python
+    """cleat_component_instances_taken_total{made="ahead"|"inline"} counts every Python
     segment of the process (CLEAT_READY_INSTANCES, engine/ready_instances.py)."""
     env = make_env({"shop": FakeService({"price": {"cents": 5}})})
     env.deploy("clock", built(SCENARIOS))
@@ -193,4 +193,4 @@ def test_the_workers_metrics_count_segments_on_instances_made_ahead(make_env: An
     after = _ready_taken()
     segments = sum(after.values()) - sum(before.values())
     assert segments >= 2  # the run's two segments, at least
-    assert set(after) == {"ready", "inline"}
+    assert set(after) == {"ahead", "inline"}
