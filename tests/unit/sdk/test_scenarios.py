@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import threading
+import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -601,3 +602,29 @@ def test_a_string_over_the_limit_is_a_guest_fault_naming_its_size(scenarios_wasm
         assert env.describe(fine)["status"] == "done"
     finally:
         runtime.close()
+
+
+class SlowShop:
+    """shop.price, answered after ``seconds``."""
+
+    def __init__(self, seconds: float) -> None:
+        self.seconds = seconds
+
+    def price(self, request: Any, *, idempotency_key: str, context: Any) -> dict[str, int]:
+        time.sleep(self.seconds)
+        return {"cents": 5}
+
+
+def test_time_in_a_service_call_does_not_count_against_the_segment_deadline(
+    scenarios_wasm: bytes, tight_runtime: WasmRuntime
+) -> None:
+    """A 1.3 s call under the 1 s deadline: the host moves the deadline on by the call's time
+    (from inside the host call, on its context), so the guest goes on to its sleep."""
+    from cleat_workflow.testing import PythonWorkflowEnvironment
+
+    env = PythonWorkflowEnvironment({"shop": SlowShop(1.3)}, runtime=tight_runtime)
+    env.deploy("clock", scenarios_wasm)
+    run = env.run("clock", {"sleep": 5})
+    info = env.describe(run)
+    assert info["error_code"] in (None, ""), info["error"]
+    assert wait_of(env, run)["kind"] == "timer"
