@@ -441,6 +441,13 @@ def _write_ok_string(results: int, payload: str) -> None:
     ctypes.memmove(results, _OK_RESULT.pack(_KIND_RESULT, True, _val_new(inner)), _OK_RESULT.size)
 
 
+def _write_s64(results: int, value: int) -> None:
+    """The result slot at ``results`` := ``value`` as an ``s64``, wrapped to 64 bits as the
+    core backend's ``c_int64`` result slot does (``incr_state`` counts in unbounded
+    integers)."""
+    ctypes.memmove(results, _S64_SLOT.pack(_KIND_S64, ctypes.c_int64(value).value), _S64_SLOT.size)
+
+
 def _host_operation(imp: HostImport) -> Any:
     """The C callback serving ``imp``: the session method of the same name, with the answer
     in WIT form (``result<string, call-error>`` or ``s64``)."""
@@ -452,9 +459,6 @@ def _host_operation(imp: HostImport) -> Any:
     unpack_slot = _SLOT.unpack_from
     unpack_s64 = _S64_SLOT.unpack_from
     unpack_s32 = _S32_SLOT.unpack_from
-    memmove = ctypes.memmove
-    pack_s64 = _S64_SLOT.pack
-    s64_size = _S64_SLOT.size
 
     def host(
         env: Any, context: int, ty: Any, args: int, nargs: int, results: int, nresults: int
@@ -465,32 +469,29 @@ def _host_operation(imp: HostImport) -> Any:
             if nargs != count or nresults != 1:
                 raise GuestFault(name, f"called with {nargs} arguments; ABI v1 declares {count}")
             raw = string_at(args, _SLOT_SIZE * count)
-            # The strings are copied out and their buffers freed first, whatever follows.
-            texts: list[bytes] = []
-            for index, code in enumerate(params):
-                if code == "s":
-                    _, size, data = unpack_slot(raw, index * _SLOT_SIZE)
-                    texts.append(string_at(data, size))
-                    _byte_vec_delete(args + index * _SLOT_SIZE + _OF_AT)
-            frame = _frame()
-            if frame is None:
-                raise GuestFault(name, "host functions cannot be called outside a workflow run")
-            session, instance = frame
-            limit = instance.config.max_string_bytes
-            values: list[Any] = []
-            strings = iter(texts)
-            for index, code in enumerate(params):
-                if code == "s":
-                    text = next(strings)
-                    if len(text) > limit:
-                        raise GuestFault(
-                            name, f"a string of {len(text)} bytes exceeds the {limit}-byte maximum"
-                        )
-                    values.append(text.decode("utf-8"))
-                elif code == "I":
-                    values.append(unpack_s64(raw, index * _SLOT_SIZE)[1])
-                else:
-                    values.append(unpack_s32(raw, index * _SLOT_SIZE)[1])
+            try:
+                frame = _frame()
+                if frame is None:
+                    raise GuestFault(name, "host functions cannot be called outside a workflow run")
+                session, instance = frame
+                limit = instance.config.max_string_bytes
+                values: list[Any] = []
+                for index, code in enumerate(params):
+                    if code == "s":
+                        _, size, data = unpack_slot(raw, index * _SLOT_SIZE)
+                        if size > limit:  # refused before it is copied
+                            raise GuestFault(
+                                name, f"a string of {size} bytes exceeds the {limit}-byte maximum"
+                            )
+                        values.append(string_at(data, size).decode("utf-8"))
+                    elif code == "I":
+                        values.append(unpack_s64(raw, index * _SLOT_SIZE)[1])
+                    else:
+                        values.append(unpack_s32(raw, index * _SLOT_SIZE)[1])
+            finally:  # every string argument's buffer is freed, whatever happened
+                for index, code in enumerate(params):
+                    if code == "s":
+                        _byte_vec_delete(args + index * _SLOT_SIZE + _OF_AT)
             previous = instance.ctx
             instance.ctx = store
             try:
@@ -498,7 +499,7 @@ def _host_operation(imp: HostImport) -> Any:
             finally:
                 instance.ctx = previous
             if not packed:
-                memmove(results, pack_s64(_KIND_S64, int(result)), s64_size)
+                _write_s64(results, int(result))
             elif result.status == AbiStatus.OK:
                 _write_ok_string(results, result.payload)
             else:
@@ -1102,5 +1103,8 @@ class ComponentBackend:
         finally:
             _current.frame = previous
             if self.ready is not None:
-                self.ready.replenish(module, instantiated_inline=inline)
+                try:
+                    self.ready.replenish(module, instantiated_inline=inline)
+                except Exception:  # e.g. no thread could be started: the segment stands
+                    log.warning("could not ask for instances made ahead", exc_info=True)
         return session.result(outcome, time.monotonic() - started)

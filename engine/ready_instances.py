@@ -25,8 +25,10 @@ What a ready instance has done, and what it has not:
 - its guest output is routed to the run that takes it (:class:`GuestOutput`).
 
 Bounds: ``per_component`` instances of each component, for at most
-:data:`MAX_COMPONENTS` components (the least recently taken one's are dropped for a newer
-one's), and a component not taken for ``idle_s`` has its instances dropped. An instance
+:data:`MAX_COMPONENTS` components at once; a further component's segments instantiate inline
+until one of those has not been taken for ``idle_s``, when its instances are dropped. (Taking
+the least recently run one's place instead thrashed: with one component more than the bound
+run in turn, every instance was dropped before its use, three instantiations a segment.) An instance
 costs about 0.5 MB of memory. Only a component a segment instantiated inline is made ahead,
 and one whose instantiation ahead fails is not made ahead again until a segment instantiates
 it inline: a segment's own attempt reports an error to its run.
@@ -46,7 +48,7 @@ from typing import Any, Generic, TypeVar
 
 log = logging.getLogger("cleat.engine")
 
-# Components with instances kept ready at once (the least recently taken one makes room).
+# Components with instances kept ready at once (a further one waits for one to go idle).
 MAX_COMPONENTS = 8
 # A component not taken for this long has its ready instances dropped.
 IDLE_SECONDS = 600.0
@@ -56,6 +58,7 @@ T = TypeVar("T")
 # Every pool of the process, reset in a forked child (its maker thread did not follow it,
 # and its lock may have been held by that thread at the fork).
 _POOLS: weakref.WeakSet[ReadyInstances[Any]] = weakref.WeakSet()
+_LEFT_BY_FORK: list[Any] = []
 
 
 @dataclass
@@ -71,6 +74,8 @@ class GuestOutput:
 class _Kept(Generic[T]):
     ready: list[T] = field(default_factory=list)
     taken_at: float = 0.0
+    # Holds one of the max_components places: made ahead once, until it goes idle (or fails).
+    placed: bool = False
 
 
 @dataclass
@@ -115,11 +120,13 @@ class ReadyInstances(Generic[T]):
         _POOLS.add(self)
 
     def _after_fork(self) -> None:
-        """In a forked child: nothing ready (the parent's instances stay the parent's), a new
-        lock, and a maker thread started again on the next take."""
+        """In a forked child: nothing ready (the parent's instances stay the parent's, and
+        are not freed here: wasmtime's locks may be held by a thread the fork left behind), a
+        new lock, and a maker thread started again on the next take."""
+        _LEFT_BY_FORK.append(list(self._kept.values()))
         self._cond = threading.Condition()
-        self._kept.clear()
-        self._wanted.clear()
+        self._kept = OrderedDict()
+        self._wanted = OrderedDict()
         self._thread = None
 
     # --- the segment's side ---
@@ -180,12 +187,11 @@ class ReadyInstances(Generic[T]):
     # --- the maker's side ---
 
     def _start(self) -> None:
-        # Under the lock.
+        # Under the lock. A thread that cannot be started is tried again at the next replenish.
         if self._thread is None:
-            self._thread = threading.Thread(
-                target=self._run, name="cleat-ready-instances", daemon=True
-            )
-            self._thread.start()
+            thread = threading.Thread(target=self._run, name="cleat-ready-instances", daemon=True)
+            thread.start()
+            self._thread = thread
 
     def _next(self) -> tuple[str, Any] | None:
         """The next component to make an instance of (under the lock), dropping what went
@@ -194,12 +200,21 @@ class ReadyInstances(Generic[T]):
         while self._wanted:
             name, component = next(iter(self._wanted.items()))
             kept = self._kept.get(name)
-            if kept is None or name in self._failing or len(kept.ready) >= self.per_component:
+            if (
+                kept is None
+                or name in self._failing
+                or len(kept.ready) >= self.per_component
+                or (not kept.placed and self._placed() >= self.max_components)
+            ):
                 del self._wanted[name]
                 continue
-            self._make_room(name)
+            kept.placed = True
             return name, component
         return None
+
+    def _placed(self) -> int:
+        """Components holding a place (under the lock)."""
+        return sum(1 for kept in self._kept.values() if kept.placed)
 
     def _drop_idle(self) -> None:
         now = time.monotonic()
@@ -211,14 +226,6 @@ class ReadyInstances(Generic[T]):
                 self._wanted.pop(name, None)
             else:
                 break  # ordered by the time taken
-
-    def _make_room(self, name: str) -> None:
-        while len(self._kept) > self.max_components:
-            oldest = next(iter(self._kept))
-            if oldest == name:
-                break
-            self.stats.dropped += len(self._kept.pop(oldest).ready)
-            self._wanted.pop(oldest, None)
 
     def _run(self) -> None:
         while True:
@@ -239,6 +246,9 @@ class ReadyInstances(Generic[T]):
                 with self._cond:
                     self.stats.failed += 1
                     self._failing.add(name)
+                    kept = self._kept.get(name)
+                    if kept is not None:
+                        kept.placed = False
                 continue
             with self._cond:
                 kept = self._kept.get(name)

@@ -88,8 +88,13 @@ class ReadyInstancesCollector(Collector):
         )
         yield CounterMetricFamily(
             "cleat_component_instances_dropped",
-            "Instances made ahead and dropped unused (idle, room, stop)",
+            "Instances made ahead and dropped unused (idle, stop)",
             value=stats.dropped,
+        )
+        yield CounterMetricFamily(
+            "cleat_component_instances_failed",
+            "Components that could not be made ahead (made inline until one succeeds)",
+            value=stats.failed,
         )
 
 

@@ -184,6 +184,8 @@ def _ready_taken() -> dict[str, float]:
 def test_the_workers_metrics_count_segments_on_instances_made_ahead(make_env: Any) -> None:
     """cleat_component_instances_taken_total{made="ahead"|"inline"} counts every Python
     segment of the process (CLEAT_READY_INSTANCES, engine/ready_instances.py)."""
+    from prometheus_client import REGISTRY
+
     env = make_env({"shop": FakeService({"price": {"cents": 5}})})
     env.deploy("clock", built(SCENARIOS))
     before = _ready_taken()
@@ -194,3 +196,9 @@ def test_the_workers_metrics_count_segments_on_instances_made_ahead(make_env: An
     segments = sum(after.values()) - sum(before.values())
     assert segments >= 2  # the run's two segments, at least
     assert set(after) == {"ahead", "inline"}
+    names = {family.name for family in REGISTRY.collect()}
+    assert {
+        "cleat_component_instances_made_ahead",
+        "cleat_component_instances_dropped",
+        "cleat_component_instances_failed",
+    } <= names

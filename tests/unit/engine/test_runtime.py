@@ -414,3 +414,20 @@ def test_a_read_only_cache_over_its_budget_still_loads(
 def test_a_negative_disk_budget_is_refused() -> None:
     with pytest.raises(ValueError, match="module_cache_max_bytes"):
         EngineConfig(module_cache_max_bytes=-1)
+
+
+def test_a_components_s64_answer_wraps_to_64_bits_as_a_core_modules_does() -> None:
+    """``incr_state`` counts in unbounded integers; both backends hand the guest the value
+    wrapped to 64 bits (the core one through its ``c_int64`` result slot)."""
+    import ctypes
+
+    from wasmtime import _ffi as wasmtime_ffi
+
+    from engine.component import _write_s64
+
+    for value in (5, -7, 2**63 - 1, 2**63 + 2, -(2**63) - 1, 2**64 + 9):
+        slot = wasmtime_ffi.wasmtime_component_val_t()
+        _write_s64(ctypes.addressof(slot), value)
+        assert slot.kind == wasmtime_ffi.WASMTIME_COMPONENT_S64.value
+        assert slot.of.s64 == ctypes.c_int64(value).value
+    assert ctypes.c_int64(2**63 + 2).value == -(2**63) + 2

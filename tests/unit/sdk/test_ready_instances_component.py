@@ -108,6 +108,8 @@ def test_guest_output_of_a_ready_instance_is_the_run_that_took_it(
     from the segment's session, which a ready instance is bound to when taken."""
     env = environment(ready_runtime)
     env.deploy("naps", scenarios_wasm)
+    env.deploy("clock", scenarios_wasm)
+    env.run("clock", {"sleep": 0})  # a segment of the component, if none ran before
     wait_until_ready(ready_runtime, scenarios_wasm)
     ready = ready_runtime.components.ready
     assert ready is not None

@@ -580,8 +580,9 @@ def test_changed_code_is_caught_as_nondeterminism_naming_the_step(
 
 
 def test_a_string_over_the_limit_is_a_guest_fault_naming_its_size(scenarios_wasm: bytes) -> None:
-    """The host reads each string argument whole before it checks its size, and frees it
-    either way; the run fails with the sizes named, and the next run is unharmed."""
+    """The host refuses a string argument over the limit before it copies it, and frees every
+    argument's buffer either way; the run fails with the sizes named, and the next run is
+    unharmed."""
     from cleat_workflow.testing import PythonWorkflowEnvironment, compiled_cache_dir
 
     runtime = WasmRuntime(
