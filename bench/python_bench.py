@@ -308,7 +308,12 @@ def main(argv: Sequence[str] | None = None) -> None:
             "",
         )
     )
-    for label, bench in (("core module (WAT)", core), ("Python component", python)):
+    ready = Bench(ready_runtime, wasm)
+    for label, bench in (
+        ("core module (WAT)", core),
+        ("Python component", python),
+        ("Python component, ready instances", ready),
+    ):
         total, per_run = workload(bench, args.workload_runs)
         rows.append(
             (
@@ -319,33 +324,12 @@ def main(argv: Sequence[str] | None = None) -> None:
                 "",
             )
         )
-    empty = median_timing([timed(lambda: python.run_fresh(0))[0] for _ in range(20)])
-    rows.append(
-        (
-            "Python component: a 0-step segment (instantiate, run, finalize), ms",
-            f"{empty.wall * 1000:.2f} / {empty.cpu * 1000:.2f}",
-            "",
-        )
-    )
-    ready = Bench(ready_runtime, wasm)
-    total, per_run = workload(ready, args.workload_runs)
-    rows.append(
-        (
-            "Python component, ready instances: 10-step runs, steps/s (wall / cpu)",
-            f"{10 * args.workload_runs / total.wall:,.0f} / "
-            f"{10 * args.workload_runs / total.cpu:,.0f} "
-            f"(run p50 {percentile(per_run, 50):.1f} ms)",
-            "",
-        )
-    )
-    empty = median_timing([timed(lambda: ready.run_fresh(0))[0] for _ in range(20)])
-    rows.append(
-        (
-            "Python component, ready instances: a 0-step segment, ms",
-            f"{empty.wall * 1000:.2f} / {empty.cpu * 1000:.2f}",
-            "",
-        )
-    )
+    for label, bench in (
+        ("Python component: a 0-step segment (instantiate, run, finalize)", python),
+        ("Python component, ready instances: a 0-step segment", ready),
+    ):
+        empty = median_timing([timed(lambda b=bench: b.run_fresh(0))[0] for _ in range(20)])
+        rows.append((f"{label}, ms", f"{empty.wall * 1000:.2f} / {empty.cpu * 1000:.2f}", ""))
     for label, bench in (("inline", python), ("ready instance", ready)):
         starts = segment_starts(bench, args.starts, args.gap_ms / 1000)
         p50 = percentile(starts, 50)

@@ -352,32 +352,23 @@ _KIND_RECORD = _ffi.WASMTIME_COMPONENT_RECORD.value
 _KIND_RESULT = _ffi.WASMTIME_COMPONENT_RESULT.value
 
 
-def _string_value(text: str) -> Any:
-    value = _ffi.wasmtime_component_val_t()
-    value.kind = _KIND_STRING
-    value.of.string = _ffi.str_to_capi(text)
-    return value
-
-
-def _write_reply(out: Any, reply: Reply) -> None:
-    """``out`` := ``result<string, call-error>`` for ``reply``."""
-    if reply.status == AbiStatus.OK:
-        inner = _string_value(reply.payload)
-    else:
-        fields = _ffi.wasmtime_component_valrecord_t()
-        _ffi.wasmtime_component_valrecord_new_uninit(fields, 2)
-        status, message = fields.data[0], fields.data[1]
-        status.name = _ffi.str_to_capi("status")
-        status.val.kind = _KIND_U8
-        status.val.of.u8 = int(reply.status)
-        message.name = _ffi.str_to_capi("message")
-        message.val.kind = _KIND_STRING
-        message.val.of.string = _ffi.str_to_capi(reply.payload)
-        inner = _ffi.wasmtime_component_val_t()
-        inner.kind = _KIND_RECORD
-        inner.of.record = fields
+def _write_error_reply(out: Any, reply: Reply) -> None:
+    """``out`` := ``err({status, message})`` of ``result<string, call-error>`` for ``reply``
+    (an ``ok`` reply is ``_write_ok_string``'s)."""
+    fields = _ffi.wasmtime_component_valrecord_t()
+    _ffi.wasmtime_component_valrecord_new_uninit(fields, 2)
+    status, message = fields.data[0], fields.data[1]
+    status.name = _ffi.str_to_capi("status")
+    status.val.kind = _KIND_U8
+    status.val.of.u8 = int(reply.status)
+    message.name = _ffi.str_to_capi("message")
+    message.val.kind = _KIND_STRING
+    message.val.of.string = _ffi.str_to_capi(reply.payload)
+    inner = _ffi.wasmtime_component_val_t()
+    inner.kind = _KIND_RECORD
+    inner.of.record = fields
     out.kind = _KIND_RESULT
-    out.of.result.is_ok = reply.status == AbiStatus.OK
+    out.of.result.is_ok = False
     out.of.result.val = _ffi.wasmtime_component_val_new(ctypes.byref(inner))
 
 
@@ -392,9 +383,8 @@ _VEC_SIZE_AT = _OF_AT + _ffi.wasm_byte_vec_t.size.offset
 _VEC_DATA_AT = _OF_AT + _ffi.wasm_byte_vec_t.data.offset
 _RESULT_OK_AT = _OF_AT + _ffi.wasmtime_component_valresult_t.is_ok.offset
 _RESULT_VAL_AT = _OF_AT + _ffi.wasmtime_component_valresult_t.val.offset
-# A slot's kind byte, and the two words of its payload (a string's size and data, or an
-# integer in the first).
-_SLOT = struct.Struct(f"<B{_OF_AT - 1}xQQ")
+# A string slot: its kind byte, the size and the data pointer of its byte vector.
+_SLOT = struct.Struct(f"<B{_VEC_SIZE_AT - 1}xQ{_VEC_DATA_AT - _VEC_SIZE_AT - 8}xQ")
 _S64_SLOT = struct.Struct(f"<B{_OF_AT - 1}xq")
 _S32_SLOT = struct.Struct(f"<B{_OF_AT - 1}xi")
 _OK_RESULT = struct.Struct(f"<B{_RESULT_OK_AT - 1}x?{_RESULT_VAL_AT - _RESULT_OK_AT - 1}xQ")
@@ -503,7 +493,7 @@ def _host_operation(imp: HostImport) -> Any:
             elif result.status == AbiStatus.OK:
                 _write_ok_string(results, result.payload)
             else:
-                _write_reply(_VAL.from_address(results), result)
+                _write_error_reply(_VAL.from_address(results), result)
             return 0
         except BaseException as exc:
             if session is not None and session.exit is None:
