@@ -202,3 +202,23 @@ def test_the_workers_metrics_count_segments_on_instances_made_ahead(make_env: An
         "cleat_component_instances_dropped",
         "cleat_component_instances_failed",
     } <= names
+
+
+def test_a_negative_number_of_ready_instances_stops_start_up_with_the_reason(
+    settings: Any,
+) -> None:
+    """CLEAT_READY_INSTANCES below 0 is refused when the settings are read (0 turns it off)."""
+    from django.core.exceptions import ImproperlyConfigured
+
+    from workflows.conf import cleat_settings
+
+    settings.CLEAT_READY_INSTANCES = -1
+    cleat_settings.cache_clear()
+    try:
+        with pytest.raises(ImproperlyConfigured, match="ready_instances must be 0 \\(off\\)"):
+            cleat_settings()
+        settings.CLEAT_READY_INSTANCES = 0
+        cleat_settings.cache_clear()
+        assert cleat_settings().engine.ready_instances == 0
+    finally:
+        cleat_settings.cache_clear()
