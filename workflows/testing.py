@@ -161,8 +161,10 @@ class DatabaseWorkflowEnvironment:
         return run_id
 
     def step(self) -> bool:
+        # As the worker claims: with the run's load in the claim's message where the
+        # database offers it.
         claims = claim_ready_instances(
-            self.worker_id, ["default"], 1, self.clock.now(), self.tenant.id
+            self.worker_id, ["default"], 1, self.clock.now(), self.tenant.id, load=True
         )
         if not claims:
             return False

@@ -313,8 +313,10 @@ class Worker:
                     # an empty claim for lack of capacity, or while running segments could
                     # still make runs due, is no reason to stop.
                     idle = not self._inflight
+                    # The claimed runs' loads come in the claim's message (PostgreSQL): a
+                    # segment thread starts on its run at once.
                     claims = claim_ready_instances(
-                        opts.worker_id, opts.task_queues, free, now, opts.tenant
+                        opts.worker_id, opts.task_queues, free, now, opts.tenant, load=True
                     )
                     if free > 0:  # the claim asked the database
                         _mark_fresh()

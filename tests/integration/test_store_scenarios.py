@@ -317,11 +317,11 @@ def test_the_one_message_completion_releases_the_workflows_locks(
 
 
 @pytest.mark.postgres_only
-def test_postgres_runs_a_plain_segment_in_four_statements_with_the_general_paths_outcome(
+def test_postgres_runs_a_plain_segment_in_three_messages_with_the_general_paths_outcome(
     make_env: Any, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """Claim, load (one message), the step (one message), the completion (one message); the
-    rows it leaves are those the general path (a transaction per part) leaves."""
+    """The claim with the load (one message), the step (one message), the completion (one
+    message); the rows it leaves are those the general path (a transaction per part) leaves."""
     from django.db import connection
     from django.test.utils import CaptureQueriesContext
 
@@ -339,8 +339,10 @@ def test_postgres_runs_a_plain_segment_in_four_statements_with_the_general_paths
     fast = env.start("pay", {"amount": 5})
     with CaptureQueriesContext(connection) as queries:
         assert env.step()
-    assert len(queries) == 4, [q["sql"][:80] for q in queries]
+    assert len(queries) == 3, [q["sql"][:80] for q in queries]
+    assert "load_claimed_histories" in queries[0]["sql"]
 
+    monkeypatch.setattr(lifecycle, "_claim_and_load", lambda *a: None)
     monkeypatch.setattr(lifecycle, "_load_in_one_message", lambda *a: (False, None))
     monkeypatch.setattr(lifecycle, "_complete_in_one_message", lambda *a: False)
     slow = env.start("pay", {"amount": 5})
@@ -420,6 +422,99 @@ def test_postgres_load_in_one_message_reads_what_the_orm_reads(
     monkeypatch.undo()
     moved_on = lifecycle.Claim(claim.id, claim.tenant_id, claim.generation + 1)
     assert lifecycle._load_in_one_message(moved_on, "cmp") == (True, None)
+
+
+@pytest.mark.postgres_only
+def test_postgres_claim_with_its_loads_reads_what_each_load_reads(
+    make_env: Any, other_tenant: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The claim's message brings every claimed run's load, across tenants (each read as its
+    own tenant, under RLS): the same instance, definition, history and interrupts as the
+    run's own one-message load. A preload older than PRELOAD_FRESH_S is read again. The
+    functions read only the runs the claim named, each as the tenant named with it, and put
+    the caller's tenant setting back."""
+    import dataclasses
+    import json
+
+    from django.db import connection, transaction
+    from django.test.utils import CaptureQueriesContext
+
+    from workflows.store import lifecycle
+    from workflows.tenancy import TENANT_SETTING
+
+    pay = FakeService({"charge": {"ok": 1}, "receipt": lambda r: {"echo": r}})
+    env = make_env({"pay": pay})
+    other = DatabaseWorkflowEnvironment(other_tenant, {"pay": pay})
+    try:
+        runs = {}
+        for e in (env, other):
+            e.deploy("order", call_sleep_call().wasm())
+            for amount in (5, 6):
+                runs[e.start("order", {"amount": amount})] = e
+            e.run_until_idle()  # the call and the sleep are recorded; the runs wait
+        waiting = next(r for r, e in runs.items() if e is env)
+        update = env.update(waiting, "bump", {"by": 1})
+        env.cancel(waiting, "enough")
+        for e in (env, other):
+            with tenant_context(e.tenant.id):
+                WorkflowInstance.objects.filter(id__in=list(runs)).update(
+                    query_state={"k": "v"}, next_wake_at=env.clock.now()
+                )
+        claims = lifecycle.claim_ready_instances("cmp", ["default"], 10, env.clock.now(), load=True)
+        assert sorted(str(c.id) for c in claims) == sorted(runs)
+        for claim in claims:
+            assert claim.preloaded is not None and claim.preloaded.row is not None
+            with CaptureQueriesContext(connection) as statements:
+                pre = lifecycle.load_run(claim, "cmp")
+            assert len(statements) == 0 and pre is not None
+            done, own = lifecycle._load_in_one_message(
+                dataclasses.replace(claim, preloaded=None), "cmp"
+            )
+            assert done and own is not None
+            fields = [f.attname for f in WorkflowInstance._meta.concrete_fields]
+            assert {f: getattr(pre.instance, f) for f in fields} == {
+                f: getattr(own.instance, f) for f in fields
+            }
+            assert pre.instance.tenant_id == runs[str(claim.id)].tenant.id
+            assert (pre.sha256, pre.max_history_length, pre.min_version) == (
+                own.sha256,
+                own.max_history_length,
+                own.min_version,
+            )
+            assert pre.history == own.history and len(pre.history) == 1
+            assert pre.interrupts is not None and own.interrupts is not None
+            assert pre.interrupts.rows == own.interrupts.rows
+        [cancelled] = [c for c in claims if str(c.id) == waiting]
+        assert cancelled.preloaded is not None
+        assert cancelled.preloaded.interrupts == [
+            (True, "enough", uuid_of(update), "bump", '{"by":1}')
+        ]
+
+        monkeypatch.setattr(lifecycle, "PRELOAD_FRESH_S", -1.0)
+        with CaptureQueriesContext(connection) as statements:
+            assert lifecycle.load_run(claims[0], "cmp") is not None
+        assert len(statements) == 1  # too old: its own load
+
+        mine = next(c for c in claims if runs[str(c.id)] is other)
+        named = [{"id": str(mine.id), "tenant": str(env.tenant.id), "generation": mine.generation}]
+        with transaction.atomic(), connection.cursor() as cursor:
+            cursor.execute("SELECT set_config(%s, %s, true)", [TENANT_SETTING, "caller"])
+            cursor.execute("SELECT count(*) FROM cleat.load_claimed_instances('cmp')")
+            assert cursor.fetchone()[0] == 0  # nothing claimed in this transaction
+            cursor.execute("SELECT set_config('cleat.claimed', %s, true)", [json.dumps(named)])
+            for function in ("load_claimed_instances('cmp')", "load_claimed_histories('cmp')"):
+                cursor.execute(f"SELECT count(*) FROM cleat.{function}")
+                assert cursor.fetchone()[0] == 0  # another tenant's run, named as this one's
+            named[0]["tenant"] = str(other.tenant.id)
+            cursor.execute("SELECT set_config('cleat.claimed', %s, true)", [json.dumps(named)])
+            cursor.execute("SELECT count(*) FROM cleat.load_claimed_histories('cmp')")
+            assert cursor.fetchone()[0] == 1
+            cursor.execute("SELECT count(*) FROM cleat.load_claimed_histories('someone')")
+            assert cursor.fetchone()[0] == 0  # fenced: another worker's claim
+            cursor.execute("SELECT current_setting(%s)", [TENANT_SETTING])
+            assert cursor.fetchone()[0] == "caller"
+    finally:
+        other.close()
 
 
 @pytest.mark.postgres_only

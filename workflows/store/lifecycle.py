@@ -24,7 +24,7 @@ import logging
 import time
 import uuid
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
@@ -76,11 +76,30 @@ def wait_recheck() -> timedelta:
     return timedelta(seconds=float(getattr(settings, "CLEAT_WAIT_RECHECK_SECONDS", 3600)))
 
 
+# How long a run's rows read with its claim (claim_ready_instances(load=True)) stand in for
+# its load: a run that waited longer for a thread (the claimed-ahead queue) is read again.
+PRELOAD_FRESH_S = 2.0
+
+
+@dataclass(frozen=True)
+class Preloaded:
+    """A claimed run's rows as the claim's message read them (PostgreSQL): what the
+    one-message load reads for it (its instance row, or None when the load's fence did not
+    match; its events; its interrupts), and when, on ``time.monotonic()``."""
+
+    row: tuple[Any, ...] | None
+    events: list[tuple[Any, ...]]
+    interrupts: list[tuple[Any, ...]]
+    read_at: float
+
+
 @dataclass(frozen=True)
 class Claim:
     id: uuid.UUID
     tenant_id: uuid.UUID
     generation: int
+    # The run's load, read in the claim's message; None: not read (load_run reads it).
+    preloaded: Preloaded | None = field(default=None, compare=False, repr=False)
 
     def ref(self, worker_id: str) -> RunRef:
         """The claim's fence for ``worker_id`` before the run is loaded (its workflow id is
@@ -121,21 +140,29 @@ def claim_ready_instances(
     now: datetime,
     tenant: uuid.UUID | None = None,
     run: uuid.UUID | None = None,
+    load: bool = False,
 ) -> list[Claim]:
     """Claim up to ``limit`` due ready runs of active tenants, taking turns between tenants
     (each one's most urgent run -- priority, then due time -- before anyone's second, the
     tenant served longest ago first) and within each tenant's running cap; bumps their
     generation. With ``run``: that run only, if it is claimable by the same rules (the
-    broker dispatch's claim, ``workflows.dispatch``); nothing otherwise."""
+    broker dispatch's claim, ``workflows.dispatch``); nothing otherwise.
+
+    ``load``: read the claimed runs' loads in the claim's own message where the database
+    offers it (PostgreSQL, outside a transaction, client-side binding): each claim then
+    carries its run's rows (``Claim.preloaded``), which :func:`load_run` takes instead of
+    asking again. One round trip for the claim and every load."""
     if limit <= 0:
         return []
     sql = queries(connection)
+    args = [worker_id, list(task_queues), limit, now, tenant, default_max_running(), run]
+    if load and "claim_and_load" in sql:
+        claims = _claim_and_load(sql["claim_and_load"], args, worker_id)
+        if claims is not None:
+            return claims
     if "claim_ready" in sql:
         with connection.cursor() as cursor:
-            cursor.execute(
-                sql["claim_ready"],
-                [worker_id, list(task_queues), limit, now, tenant, default_max_running(), run],
-            )
+            cursor.execute(sql["claim_ready"], args)
             return [
                 Claim(uuid.UUID(str(i)), uuid.UUID(str(t)), int(g)) for i, t, g in cursor.fetchall()
             ]
@@ -165,6 +192,42 @@ def claim_ready_instances(
         )
     _record_turns({t for _, t, _ in rows}, now)
     return [Claim(i, t, g) for i, t, g in rows]
+
+
+def _claim_and_load(statement: str, args: list[Any], worker_id: str) -> list[Claim] | None:
+    """The claim and its runs' loads in one message (``claim_and_load``, sql/postgresql.py):
+    the claims, each with its rows; None where one message cannot carry them (inside a
+    transaction -- the message must be a transaction of its own -- or with server-side
+    binding)."""
+    if connection.in_atomic_block or not connection.get_autocommit():
+        return None
+    with connection.cursor() as cursor:
+        if not client_side_binding(cursor):
+            return None
+        cursor.execute(statement, [*args, worker_id, worker_id])
+        claimed = cursor.fetchall()
+        cursor.nextset()
+        rows = cursor.fetchall()
+        cursor.nextset()
+        events = cursor.fetchall()
+        cursor.nextset()
+        interrupts = cursor.fetchall()
+    read_at = time.monotonic()
+    by_id: dict[str, tuple[Any, ...]] = {str(row[_ID_COLUMN]): row for row in rows}
+    events_of: dict[str, list[tuple[Any, ...]]] = {}
+    for run_id, *event in events:
+        events_of.setdefault(str(run_id), []).append(tuple(event))
+    interrupts_of: dict[str, list[tuple[Any, ...]]] = {}
+    for run_id, *interrupt in interrupts:
+        interrupts_of.setdefault(str(run_id), []).append(tuple(interrupt))
+    claims = []
+    for i, t, g, _ in claimed:
+        key = str(i)
+        preloaded = Preloaded(
+            by_id.get(key), events_of.get(key, []), interrupts_of.get(key, []), read_at
+        )
+        claims.append(Claim(uuid.UUID(key), uuid.UUID(str(t)), int(g), preloaded))
+    return claims
 
 
 def _record_turns(tenants: set[uuid.UUID], now: datetime) -> None:
@@ -247,7 +310,17 @@ def _fair_turns(
 
 
 def load_run(claim: Claim, worker_id: str) -> LoadedRun | None:
-    """Read what the segment needs; None if the claim already moved on."""
+    """Read what the segment needs; None if the claim already moved on. A claim that
+    carries its run's rows (read with it, less than PRELOAD_FRESH_S ago) is loaded from
+    them."""
+    preloaded = claim.preloaded
+    if (
+        preloaded is not None
+        and preloaded.row is not None
+        and time.monotonic() - preloaded.read_at <= PRELOAD_FRESH_S
+    ):
+        interrupts = LoadedInterrupts(preloaded.interrupts, preloaded.read_at)
+        return _loaded_from_rows(claim, worker_id, preloaded.row, preloaded.events, interrupts)
     done, loaded = _load_in_one_message(claim, worker_id)
     if done:
         return loaded
@@ -288,6 +361,7 @@ def load_run(claim: Claim, worker_id: str) -> LoadedRun | None:
 
 # The instance's columns, in the order the one-message load (sql.postgresql) selects them.
 _INSTANCE_FIELDS = tuple(WorkflowInstance._meta.concrete_fields)
+_ID_COLUMN = [f.attname for f in _INSTANCE_FIELDS].index("id")
 
 
 def _load_in_one_message(claim: Claim, worker_id: str) -> tuple[bool, LoadedRun | None]:
@@ -309,7 +383,20 @@ def _load_in_one_message(claim: Claim, worker_id: str) -> tuple[bool, LoadedRun 
         interrupts = LoadedInterrupts(cursor.fetchall(), read_at)
         if row is None:
             return True, None
-        instance = _instance_from_row(row[: len(_INSTANCE_FIELDS)])
+        return True, _loaded_from_rows(claim, worker_id, row, events, interrupts)
+
+
+def _loaded_from_rows(
+    claim: Claim,
+    worker_id: str,
+    row: Sequence[Any],
+    events: Sequence[Sequence[Any]],
+    interrupts: LoadedInterrupts,
+) -> LoadedRun:
+    """The loaded run from the one-message load's rows (or the claim's, which are the same):
+    the instance's columns then its definition's, its events (step, type, time, payload,
+    checksum) and its interrupts."""
+    instance = _instance_from_row(row[: len(_INSTANCE_FIELDS)])
     sha256, max_history_length, min_version = row[len(_INSTANCE_FIELDS) :]
     rows = [
         EncodedEvent(
@@ -323,7 +410,7 @@ def _load_in_one_message(claim: Claim, worker_id: str) -> tuple[bool, LoadedRun 
     ]
     # The checkpoint came with the instance's row: the history is it, then the rows.
     history = with_tail(checkpoint_state(instance.compaction_state), rows)
-    return True, LoadedRun(
+    return LoadedRun(
         claim,
         worker_id,
         instance,

@@ -196,6 +196,120 @@ def load_functions_sql(role: str) -> str:
     return LOAD_FUNCTIONS + _invoker_grants(role, *LOAD_SIGNATURES)
 
 
+# PostgreSQL: the worker's claim and the loads of the runs it claimed, in one message (one
+# round trip for the whole batch instead of one claim and then a load per run). The first
+# statement is the claim (the definer function below, unchanged); it also puts the claimed
+# runs (id, tenant, generation, as JSON) in the transaction-local setting CLAIMED_SETTING,
+# from which the next three read: the message is one implicit transaction, so the setting
+# lives exactly as long as it. Each of the three runs as its caller, under RLS: for each
+# tenant of the batch in turn it sets the tenant as tenant_context() does (the caller's
+# restored at the end) and reads that tenant's claimed runs only, fenced as the single load
+# is (owner, generation, running). Their rows come as load_run's, with the run's id in front
+# of the history's and the interrupts' rows. Nothing claimed: the setting stays unset, and
+# the three return nothing.
+CLAIMED_SETTING = "cleat.claimed"
+LOAD_CLAIMED_SIGNATURES = (
+    "cleat.load_claimed_instances(text)",
+    "cleat.load_claimed_histories(text)",
+    "cleat.load_claimed_interrupts()",
+)
+
+
+def _claim_and_load_sql() -> str:
+    columns = ", ".join(f'(l.i)."{f.column}"' for f in _INSTANCE_FIELDS)
+    return (
+        f"WITH c AS ({CLAIM_READY}) "
+        "SELECT c.id, c.tenant_id, c.generation, "
+        f"set_config('{CLAIMED_SETTING}', (SELECT json_agg(json_build_object("
+        "'id', k.id, 'tenant', k.tenant_id, 'generation', k.generation)) FROM c AS k)::text, "
+        "true) FROM c;\n"
+        f"SELECT {columns}, l.sha256, l.max_history_length, l.min_version "
+        "FROM cleat.load_claimed_instances(%s) AS l;\n"
+        "SELECT instance_id, step, type_code, timestamp_ms, payload, checksum "
+        "FROM cleat.load_claimed_histories(%s);\n"
+        "SELECT instance_id, cancel_requested, cancel_reason, update_id, update_name, "
+        "update_payload FROM cleat.load_claimed_interrupts()"
+    )
+
+
+def _load_claimed_functions() -> str:
+    instance = WorkflowInstance._meta.db_table
+    definition = WorkflowDefinition._meta.db_table
+    event = WorkflowEvent._meta.db_table
+    updates = UpdateRequest._meta.db_table
+    running = f"'{RunStatus.RUNNING.value}'"
+    pending = f"'{UpdateRequest.State.PENDING.value}'"
+    claimed = "json_to_recordset(v_claimed) AS c(id uuid, tenant uuid, generation bigint)"
+    fence = (
+        "c.tenant = v_tenant AND r.tenant_id = v_tenant\n"
+        "           AND r.generation = c.generation AND r.assigned_to = p_worker\n"
+        f"           AND r.status = {running}"
+    )
+
+    def body(query: str) -> str:
+        return f"""#variable_conflict use_column
+DECLARE
+    {_KEEP_CALLER_TENANT}
+    v_claimed json := NULLIF(current_setting('{CLAIMED_SETTING}', true), '')::json;
+    v_tenant uuid;
+BEGIN
+    FOR v_tenant IN SELECT DISTINCT t.tenant FROM json_to_recordset(v_claimed) AS t(tenant uuid)
+    LOOP
+        PERFORM set_config('{TENANT_SETTING}', v_tenant::text, true);
+        RETURN QUERY
+{query}
+    END LOOP;
+    {_RESTORE_CALLER_TENANT}
+END
+$$;"""
+
+    instances = f"""        SELECT r, d.sha256, d.max_history_length, d.min_version
+          FROM {claimed}
+          JOIN {instance} AS r ON r.id = c.id
+          JOIN {definition} AS d ON d.id = r.definition_id
+         WHERE {fence};"""
+    histories = f"""        SELECT e.instance_id, e.step, e.type_code, e.timestamp_ms, e.payload,
+               e.checksum
+          FROM {claimed}
+          JOIN {instance} AS r ON r.id = c.id
+          JOIN {event} AS e ON e.instance_id = r.id
+         WHERE {fence}
+         ORDER BY e.instance_id, e.step;"""
+    interrupts = f"""        SELECT r.id, r.cancel_requested, r.cancel_reason, u.id, u.name,
+               u.payload
+          FROM {claimed}
+          JOIN {instance} AS r ON r.id = c.id
+          LEFT JOIN {updates} AS u
+            ON u.instance_id = r.id AND u.tenant_id = v_tenant AND u.status = {pending}
+         WHERE c.tenant = v_tenant AND r.tenant_id = v_tenant
+         ORDER BY r.id, u.created_at, u.id;"""
+    return f"""
+CREATE OR REPLACE FUNCTION cleat.load_claimed_instances(p_worker text)
+RETURNS TABLE(i {instance}, sha256 varchar, max_history_length integer, min_version integer)
+LANGUAGE plpgsql AS $$
+{body(instances)}
+CREATE OR REPLACE FUNCTION cleat.load_claimed_histories(p_worker text)
+RETURNS TABLE(instance_id uuid, step integer, type_code smallint, timestamp_ms bigint,
+              payload text, checksum varchar)
+LANGUAGE plpgsql AS $$
+{body(histories)}
+CREATE OR REPLACE FUNCTION cleat.load_claimed_interrupts()
+RETURNS TABLE(instance_id uuid, cancel_requested boolean, cancel_reason text,
+              update_id uuid, update_name varchar, update_payload text)
+LANGUAGE plpgsql AS $$
+{body(interrupts)}
+"""
+
+
+LOAD_CLAIMED_FUNCTIONS = _load_claimed_functions()
+
+
+def load_claimed_functions_sql(role: str) -> str:
+    """The claimed runs' load functions (they run as their caller, under RLS), callable by
+    ``role``."""
+    return LOAD_CLAIMED_FUNCTIONS + _invoker_grants(role, *LOAD_CLAIMED_SIGNATURES)
+
+
 # PostgreSQL: what a fresh blocking call (a sleep, a wait) reads first -- the run's
 # cancellation request and its pending updates -- in one call of the function below: one
 # round trip, its statement planned once per connection, instead of two transactions (BEGIN,
@@ -350,6 +464,8 @@ def finalize_done_function_sql(role: str) -> str:
 CLAIM_READY = (
     "SELECT id, tenant_id, generation FROM cleat.claim_instances(%s, %s, %s, %s, %s, %s, %s)"
 )
+# The claim and the loads of what it claimed, in one message (see CLAIMED_SETTING).
+CLAIM_AND_LOAD = _claim_and_load_sql()
 HEARTBEAT_WORKER = "SELECT cleat.heartbeat_worker(%s, %s)"
 REAP_EXPIRED_LEASES = "SELECT cleat.reap_expired_leases(%s, %s)"
 NEXT_DUE_AT = "SELECT cleat.next_due_at(%s, %s)"
@@ -385,6 +501,7 @@ QUERIES = {
     "run_interrupts": RUN_INTERRUPTS,
     "finalize_done": FINALIZE_DONE,
     "claim_ready": CLAIM_READY,
+    "claim_and_load": CLAIM_AND_LOAD,
     "heartbeat_worker": HEARTBEAT_WORKER,
     "reap_expired_leases": REAP_EXPIRED_LEASES,
     "next_due_at": NEXT_DUE_AT,
