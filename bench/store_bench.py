@@ -509,10 +509,10 @@ BREAKDOWN_PHASES = (
     ("start: created_at -> commit (client)", "created", "committed"),
     ("commit -> NOTIFY received (listener)", "committed", "notified"),
     ("NOTIFY -> claim sent (loop wakes)", "notified", "claim>"),
-    ("claim (definer function, commit)", "claim>", "claim<"),
+    ("claim and its loads (one message, commit)", "claim>", "claim<"),
     ("claim -> segment thread starts", "claim<", "exec>"),
     ("segment thread -> load sent", "exec>", "load>"),
-    ("load", "load>", "load<"),
+    ("load (from the claim's rows)", "load>", "load<"),
     ("instantiate, run, the step's append", "segment>", "segment<"),
     ("finalize (incl. its commit)", "finalize>", "finalize<"),
     ("row latency: completed_at - created_at", "created", "completed"),
@@ -876,7 +876,7 @@ def profile(cleat: Cleat, workflows: int, steps: int, with_cprofile: bool) -> No
     worker_id = "profile-" + uuid.uuid4().hex[:6]
 
     def run_one() -> int:
-        claims = claim_ready_instances(worker_id, ["default"], 1, timezone.now())
+        claims = claim_ready_instances(worker_id, ["default"], 1, timezone.now(), load=True)
         if not claims:
             return 0
         report = execute_claim(claims[0], worker_id)
