@@ -136,12 +136,19 @@ LOAD_SIGNATURES = (
 )
 
 
+# What a load's first statement selects from its function's row ``l``, in the order
+# store.lifecycle reads it: the instance's columns in the model's order, then the definition's
+# (the one-run load and the claim's loads alike).
+_LOADED_COLUMNS = (
+    ", ".join(f'(l.i)."{f.column}"' for f in _INSTANCE_FIELDS)
+    + ", l.sha256, l.max_history_length, l.min_version"
+)
+
+
 def _load_sql() -> str:
-    columns = ", ".join(f'(l.i)."{f.column}"' for f in _INSTANCE_FIELDS)
     args = "p_tenant => %s, p_id => %s, p_generation => %s, p_worker => %s"
     return (
-        f"SELECT {columns}, l.sha256, l.max_history_length, l.min_version "
-        f"FROM cleat.load_instance({args}) AS l;\n"
+        f"SELECT {_LOADED_COLUMNS} FROM cleat.load_instance({args}) AS l;\n"
         "SELECT step, type_code, timestamp_ms, payload, checksum "
         f"FROM cleat.load_history({args});\n"
         # The run's interrupts as they stand at the load: its first blocking call reads them
@@ -216,15 +223,13 @@ LOAD_CLAIMED_SIGNATURES = (
 
 
 def _claim_and_load_sql() -> str:
-    columns = ", ".join(f'(l.i)."{f.column}"' for f in _INSTANCE_FIELDS)
     return (
         f"WITH c AS ({CLAIM_READY}) "
         "SELECT c.id, c.tenant_id, c.generation, "
         f"set_config('{CLAIMED_SETTING}', (SELECT json_agg(json_build_object("
         "'id', k.id, 'tenant', k.tenant_id, 'generation', k.generation)) FROM c AS k)::text, "
         "true) FROM c;\n"
-        f"SELECT {columns}, l.sha256, l.max_history_length, l.min_version "
-        "FROM cleat.load_claimed_instances(%s) AS l;\n"
+        f"SELECT {_LOADED_COLUMNS} FROM cleat.load_claimed_instances(%s) AS l;\n"
         "SELECT instance_id, step, type_code, timestamp_ms, payload, checksum "
         "FROM cleat.load_claimed_histories(%s);\n"
         "SELECT instance_id, cancel_requested, cancel_reason, update_id, update_name, "
