@@ -72,6 +72,19 @@ def test_a_bad_proxy_ssl_header_is_refused_at_start(tmp_path: Path) -> None:
     assert "SECURE_PROXY_SSL_HEADER is a header and a value" in done.stderr
 
 
+@pytest.mark.parametrize("command", ["runworker", "migrate", "check"])
+def test_a_missing_secret_key_stops_a_command_with_its_reason(tmp_path: Path, command: str) -> None:
+    """DEBUG off and no SECRET_KEY: every command exits 2 with one line that says so, not
+    Django's traceback through the settings import."""
+    env = _clean_env(tmp_path, DEBUG="0", ALLOWED_HOSTS="cleat.example.com")
+    done = _run(["manage.py", command], env)
+    assert done.returncode == 2, done.stderr
+    assert done.stderr.strip() == (
+        "manage.py: configuration error: SECRET_KEY must be set when DEBUG is off"
+    )
+    assert "Traceback" not in done.stderr
+
+
 WEB_REQUESTS = """
 import threading
 import django
