@@ -84,7 +84,7 @@ def browser() -> Iterator[WebDriver]:
         shutil.rmtree(profile, ignore_errors=True)
 
 
-def wait_for(driver: WebDriver, css: str, timeout: float = 10) -> Any:
+def wait_for(driver: WebDriver, css: str, timeout: float = 30) -> Any:
     return WebDriverWait(driver, timeout).until(
         expected_conditions.presence_of_element_located((By.CSS_SELECTOR, css))
     )
