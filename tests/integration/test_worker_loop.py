@@ -339,6 +339,57 @@ def test_a_notify_wakes_an_idle_worker_long_before_its_poll_interval(tenant: Ten
 
 
 @pytest.mark.postgres_only
+def test_a_start_is_its_insert_and_commit_and_its_notify_is_delivered_by_the_commit(
+    tenant: Tenant,
+) -> None:
+    """A start without an idempotency key takes no savepoint, and sends its NOTIFY inside
+    its transaction: a listener hears a committed start, and never a rolled-back one."""
+    import psycopg
+    from django.db import transaction
+    from django.test.utils import CaptureQueriesContext
+
+    from workflows.store.wake import NOTIFY_CHANNEL
+
+    definitions.deploy_definition(tenant, "fast", call_op("echo"))
+    params = connection.get_connection_params()
+    params.pop("cursor_factory", None)
+    params.pop("context", None)
+    with psycopg.connect(**params, autocommit=True) as listener:
+        listener.execute(f"LISTEN {NOTIFY_CHANNEL}")
+
+        def heard() -> int:
+            return len(list(listener.notifies(timeout=0.5)))
+
+        with contextlib.suppress(RuntimeError), transaction.atomic():
+            services.start_workflow(tenant, "fast", {"n": 1})
+            raise RuntimeError("rolled back")
+        assert heard() == 0
+        statements: list[tuple[str, bool]] = []  # and whether a transaction was open
+
+        def record(execute: Any, sql: str, *args: Any) -> Any:
+            statements.append((sql, connection.in_atomic_block))
+            return execute(sql, *args)
+
+        with connection.execute_wrapper(record):
+            run, created = services.start_workflow(tenant, "fast", {"n": 2})
+        assert created
+        assert not [q for q, _ in statements if "SAVEPOINT" in q], statements
+        insert = next(i for i, (q, _) in enumerate(statements) if q.startswith("INSERT"))
+        notify = [i for i, (q, _) in enumerate(statements) if "pg_notify" in q]
+        assert len(notify) == 1 and notify[0] > insert, statements
+        assert statements[notify[0]][1], "the NOTIFY was sent after the commit"
+        assert heard() == 1
+        # With a key the start keeps its savepoint: a collision reads the run that won.
+        with CaptureQueriesContext(connection) as seen:
+            keyed, _ = services.start_workflow(tenant, "fast", {}, idempotency_key="k")
+            again, created = services.start_workflow(tenant, "fast", {}, idempotency_key="k")
+        assert again.id == keyed.id and not created
+        assert any("SAVEPOINT" in q["sql"] for q in seen.captured_queries)
+        assert heard() == 1  # the first keyed start's; the repeat started nothing
+    assert status_of(tenant, str(run.id)) == RunStatus.READY
+
+
+@pytest.mark.postgres_only
 def test_a_run_started_while_a_segment_runs_is_claimed_at_once(tenant: Tenant) -> None:
     """The loop sleeps on NOTIFY and on its segments at the same time: a start is claimed
     while another segment is still inside a slow call (it used to wait for that segment or

@@ -268,6 +268,18 @@ def notify() -> None:
 
 
 def notify_after_commit() -> None:
+    """Wake idle workers once the current transaction commits.
+
+    On PostgreSQL the NOTIFY is sent inside the transaction: the server delivers it when,
+    and only if, the transaction commits, so the listener hears of the run in the commit's
+    own round trip, without a second statement and a second commit after it. (A NOTIFY the
+    server cannot queue -- its queue full behind a listener stuck in a transaction -- then
+    fails the commit, where a NOTIFY after it failed alone.) Elsewhere, and outside a
+    transaction, it is sent after the commit, or at once."""
+    if connection.in_atomic_block and "notify_wake" in queries(connection):
+        with connection.cursor() as cursor:
+            cursor.execute(queries(connection)["notify_wake"], [NOTIFY_CHANNEL])
+        return
     transaction.on_commit(notify)
 
 
