@@ -233,6 +233,9 @@ def cmd_test(args: argparse.Namespace) -> None:
     ensure_rust_wasm32()
     ensure_assemblyscript()
     ensure_venv(["requirements-dev.txt", "requirements-mysql.txt"])
+    # The suite starts a few hundred Python processes (workers, manage.py commands): each
+    # would compile the project's modules again where bytecode caching is turned off.
+    os.environ.pop("PYTHONDONTWRITEBYTECODE", None)
     failures: list[str] = []
 
     def step(name: str, cmd: list[str | Path], env: dict[str, str] | None = None) -> None:
