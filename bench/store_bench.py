@@ -231,6 +231,16 @@ class Cleat:
         for table in ("workflows_workflowinstance", "workflows_workflowevent"):
             self.server.psql(self.db, f"VACUUM ANALYZE {table}")
 
+    def analyze(self) -> None:
+        """Statistics for the run tables as they are now (as pgbench vacuums before its run).
+        A database in use has them (autovacuum analyzes a table within a minute of its rows
+        changing); the tables just filled from empty have none, and without them the planner
+        read a claimed run's instance through its tenant's index instead of its primary key
+        (every run of the tenant, for each claimed run): about twice the server's CPU per
+        step (bench/README.md, seventh pass)."""
+        for table in ("workflows_workflowinstance", "workflows_workflowevent"):
+            self.server.psql(self.db, f"ANALYZE {table}")
+
     def start_many(self, count: int, steps: int) -> None:
         from workflows.services import start_workflow
 
@@ -351,6 +361,7 @@ def cleat_throughput(
     cleat.reset()
     cleat.start_many(workflows, steps)
     connections.close_all()
+    cleat.analyze()
     database_cpu, worker_cpu = database_cpu_seconds(), children_cpu_seconds()
     spawn = timezone.now()
     proc = cleat.runworker(
@@ -448,6 +459,7 @@ def cleat_latency(
     try:
         for _ in range(5):  # warm-up: the worker's start-up, module compile, connections
             one()
+        cleat.analyze()
         time.sleep(1.0)
         samples, observed = [], []
         for _ in range(runs):
@@ -636,14 +648,16 @@ def cleat_breakdown(cleat: Cleat, runs: int, concurrency: int) -> None:
         stderr=subprocess.STDOUT,
         start_new_session=True,
     )
+    from django.db import transaction
+
     committed: list[float] = []
-    real_notify = wake.notify
+    real_ready = wake.ready_after_commit
 
-    def notify() -> None:  # called on the start's commit (transaction.on_commit)
-        committed.append(time.time())
-        real_notify()
+    def ready_after_commit(*args: Any) -> None:  # the start's: its commit is marked
+        real_ready(*args)
+        transaction.on_commit(lambda: committed.append(time.time()))
 
-    wake.notify = notify  # type: ignore[assignment]
+    wake.ready_after_commit = ready_after_commit  # type: ignore[assignment]
 
     def one() -> dict[str, Any]:
         instance, _ = start_workflow(cleat.tenant, "bench_steps", 1)
@@ -659,13 +673,14 @@ def cleat_breakdown(cleat: Cleat, runs: int, concurrency: int) -> None:
     try:
         for _ in range(5):
             one()
+        cleat.analyze()
         time.sleep(1.0)
         samples = []
         for _ in range(runs):
             samples.append(one())
             time.sleep(0.02)
     finally:
-        wake.notify = real_notify  # type: ignore[assignment]
+        wake.ready_after_commit = real_ready  # type: ignore[assignment]
         os.killpg(worker.pid, signal.SIGTERM)
         worker.wait(timeout=60)
         connections.close_all()
@@ -770,6 +785,7 @@ def dbos_throughput(
         check=True,
         capture_output=True,
     )
+    server.psql(db, "ANALYZE")  # as cleat's tables (Cleat.analyze)
     spawn_ms = time.time() * 1000
     procs = []
     for i in range(processes):
@@ -859,6 +875,7 @@ def profile(cleat: Cleat, workflows: int, steps: int, with_cprofile: bool) -> No
 
     cleat.reset()
     cleat.start_many(workflows + 5, steps)
+    cleat.analyze()
     connections.close_all()
     stats: dict[str, list[float]] = defaultdict(list)
     commits: list[float] = []

@@ -215,6 +215,7 @@ def run(cleat: Cleat, server: Server, args: argparse.Namespace) -> int:
     print(f"waiting {pause:.0f} s until every timer is due", flush=True)
     time.sleep(pause)
     server.psql(cleat.db, "VACUUM ANALYZE workflows_workflowinstance")
+    cleat.analyze()
     worker_cpu, server_cpu = children_cpu_seconds(), database_cpu_seconds()
     spawn = timezone.now()
     drain = cleat.runworker("--concurrency", "8", "--claim-ahead", "8", "--burst", log="drain.log")
