@@ -1076,6 +1076,8 @@ class ComponentBackend:
                 lambda: session.io_seconds,
             )
         except (wasmtime.WasmtimeError, InvalidModule) as exc:
+            if prepared is not None:
+                prepared.output.session = None  # see below
             return session.result(
                 classify_component(exc, session, self.config), time.monotonic() - started
             )
@@ -1092,6 +1094,12 @@ class ComponentBackend:
             outcome = classify_component(exc, session, self.config)
         finally:
             _current.frame = previous
+            # The guest has stopped: unbind its output from the session. wasmtime-py keeps
+            # the store's output callbacks in a process-wide table until the store is
+            # freed, and through them the output, the session, the instance and the store
+            # itself: bound, the store was never freed (a Python segment's memory, about
+            # 7 MB, kept for the process's life).
+            prepared.output.session = None
             if self.ready is not None:
                 try:
                     self.ready.replenish(module, instantiated_inline=inline)
