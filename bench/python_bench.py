@@ -240,6 +240,12 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument(
         "--gap-ms", type=float, default=5.0, help="pause between the timed segment starts"
     )
+    parser.add_argument(
+        "--warm-pages",
+        action="store_true",
+        help="the ready instances get their first call's pages made private ahead "
+        "(CLEAT_WARM_PAGES; compare two runs: in one process it warms every runtime's)",
+    )
     args = parser.parse_args(argv)
 
     print(
@@ -254,7 +260,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     # Every segment instantiates its own component here, as before ready instances; the
     # ready-instance figures use a runtime of their own (CLEAT_READY_INSTANCES' default).
     runtime = WasmRuntime(EngineConfig(module_cache_dir=cache, ready_instances=0))
-    ready_runtime = WasmRuntime(EngineConfig(module_cache_dir=cache))
+    ready_runtime = WasmRuntime(EngineConfig(module_cache_dir=cache, warm_pages=args.warm_pages))
     timing, loaded = timed(lambda: runtime.load(wasm))
     assert isinstance(loaded, LoadedComponent)
     source = "disk cache" if runtime.modules.disk_hits else "compiled (cache miss)"
@@ -330,7 +336,8 @@ def main(argv: Sequence[str] | None = None) -> None:
     ):
         empty = median_timing([timed(lambda b=bench: b.run_fresh(0))[0] for _ in range(20)])
         rows.append((f"{label}, ms", f"{empty.wall * 1000:.2f} / {empty.cpu * 1000:.2f}", ""))
-    for label, bench in (("inline", python), ("ready instance", ready)):
+    ahead = "ready instance, warm pages" if args.warm_pages else "ready instance"
+    for label, bench in (("inline", python), (ahead, ready)):
         starts = segment_starts(bench, args.starts, args.gap_ms / 1000)
         p50 = percentile(starts, 50)
         rows.append(

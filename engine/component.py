@@ -94,6 +94,7 @@ from engine.session import ExecutionSession, Reply, RunInfo
 from engine.status import AbiStatus
 from engine.storage import WorkflowStorage
 from engine.traps import classify_component, classify_component_reply
+from engine.warm_pages import WarmPages
 
 log = logging.getLogger("cleat.engine")
 guest_log = logging.getLogger("cleat.guest")
@@ -810,9 +811,12 @@ class ComponentBackend:
         self._no_pre = wasmtime.Linker(self.engine).instantiate_pre(self._no_module)
         # Instances made ahead of the segments (engine.ready_instances); None: off.
         self.ready: ReadyInstances[Prepared] | None = None
+        # The pages a first call writes, made private in those instances (engine.warm_pages).
+        self.warm: WarmPages | None = None
         if config.ready_instances:
+            self.warm = WarmPages() if config.warm_pages else None
             self.ready = ReadyInstances(
-                self.prepare, key=_component_key, per_component=config.ready_instances
+                self._prepare_ahead, key=_component_key, per_component=config.ready_instances
             )
 
     # --- linking ---
@@ -875,6 +879,13 @@ class ComponentBackend:
         output = GuestOutput(session)
         store = self._new_store(output)
         return Prepared(store, self.instantiate(loaded, store), output)
+
+    def _prepare_ahead(self, loaded: LoadedComponent) -> Prepared:
+        """An instance made ahead (the maker's thread), its first call's pages made private."""
+        prepared = self.prepare(loaded)
+        if self.warm is not None:
+            self.warm.warm()
+        return prepared
 
     def close(self) -> None:
         """Stop making instances ahead and drop the ready ones."""
@@ -1100,6 +1111,8 @@ class ComponentBackend:
             # itself: bound, the store was never freed (a Python segment's memory, about
             # 7 MB, kept for the process's life).
             prepared.output.session = None
+            if self.warm is not None and self.warm.learning:
+                self.warm.learn()  # what this segment's guest wrote, while it is mapped
             if self.ready is not None:
                 try:
                     self.ready.replenish(module, instantiated_inline=inline)

@@ -103,6 +103,7 @@ def cleat_settings() -> CleatSettings:
             write_ahead_ops=frozenset(knob("CLEAT_WRITE_AHEAD_OPS", ())),
             max_parallel_calls=knob("CLEAT_MAX_PARALLEL_CALLS", defaults.max_parallel_calls),
             ready_instances=knob("CLEAT_READY_INSTANCES", defaults.ready_instances),
+            warm_pages=bool(knob("CLEAT_WARM_PAGES", defaults.warm_pages)),
         )
     except ValueError as exc:
         raise ImproperlyConfigured(f"CLEAT_* settings: {exc}") from None
