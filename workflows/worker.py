@@ -46,6 +46,7 @@ from workflows.store import group_commit, invocations
 from workflows.store import workers as registry
 from workflows.store.lifecycle import (
     Claim,
+    Claims,
     claim_ready_instances,
     database_now,
     heartbeat_worker,
@@ -336,7 +337,7 @@ class Worker:
                     # Fewer runs than free slots: nothing else was due at `now`, so sleep (a
                     # run started since then has notified). A full batch: claim again.
                     if len(claims) < free or free <= 0:
-                        self._idle(now)
+                        self._idle(now, claims)
                 except Exception as exc:
                     _fresh.until = 0.0
                     errors += 1
@@ -505,11 +506,12 @@ class Worker:
             self._steps_total += report.steps
         INFLIGHT.set(len(self._inflight))
 
-    def _idle(self, now: Any) -> None:
+    def _idle(self, now: Any, claims: Sequence[Claim] = ()) -> None:
         """Sleep until the next run is due, a NOTIFY arrives, a segment finishes, a duty's
         next instant, or the poll interval passes -- whichever comes first. With no free
         slot a NOTIFY cannot be acted on: sleep until a segment finishes instead (the
-        notified run is claimed then)."""
+        notified run is claimed then). When the next run falls due comes with the claim's
+        message where it can (``Claims.next_due``, PostgreSQL), else it is asked here."""
         opts = self.options
         timeout = opts.poll_interval_s
         for name, duty in self._duties:  # wake for a duty's next instant too
@@ -524,7 +526,10 @@ class Worker:
         if opts.burst:
             timeout = min(timeout, 0.05)
         else:
-            due = next_due_at(opts.task_queues, opts.tenant)
+            if isinstance(claims, Claims) and claims.next_due_known:
+                due = claims.next_due
+            else:
+                due = next_due_at(opts.task_queues, opts.tenant)
             # A run already due that this claim left is not claimable now (its tenant is at
             # its running cap or inactive, or another worker holds it): waking for it would
             # spin. A finishing segment (which frees room under a cap) or a NOTIFY wakes us.

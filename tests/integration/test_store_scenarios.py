@@ -425,6 +425,35 @@ def test_postgres_load_in_one_message_reads_what_the_orm_reads(
 
 
 @pytest.mark.postgres_only
+def test_postgres_claim_brings_when_the_next_run_it_left_falls_due(make_env: Any) -> None:
+    """A claim that took fewer runs than it could reads, in its own message, what
+    next_due_at would answer after it (the worker's sleep then asks nothing); a full claim
+    does not ask (the loop claims again at once)."""
+    from datetime import timedelta
+
+    from workflows.store import lifecycle
+
+    env = make_env({"pay": FakeService({"charge": {"ok": 1}})})
+    env.deploy("pay", call_sleep_call().wasm())
+    now = env.clock.now()
+    later = env.start("pay", {"amount": 1})
+    first, second = env.start("pay", {"amount": 2}), env.start("pay", {"amount": 3})
+    with tenant_context(env.tenant.id):
+        WorkflowInstance.objects.filter(id=later).update(next_wake_at=now + timedelta(hours=1))
+        WorkflowInstance.objects.filter(id__in=[first, second]).update(next_wake_at=now)
+
+    full = lifecycle.claim_ready_instances("w", ["default"], 1, now, load=True)
+    assert len(full) == 1 and not full.next_due_known
+    rest = lifecycle.claim_ready_instances("w", ["default"], 5, now, load=True)
+    assert len(rest) == 1
+    assert rest.next_due_known and rest.next_due == now + timedelta(hours=1)
+    assert rest.next_due == lifecycle.next_due_at(["default"])
+    empty = lifecycle.claim_ready_instances("w", ["other"], 5, now, load=True)
+    assert empty == [] and empty.next_due_known and empty.next_due is None
+    assert {str(c.id) for c in [*full, *rest]} == {first, second}
+
+
+@pytest.mark.postgres_only
 def test_postgres_claim_with_its_loads_reads_what_each_load_reads(
     make_env: Any, other_tenant: Any, monkeypatch: pytest.MonkeyPatch
 ) -> None:

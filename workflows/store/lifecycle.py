@@ -107,6 +107,15 @@ class Claim:
         return RunRef(str(self.tenant_id), "", str(self.id), worker_id, self.generation)
 
 
+class Claims(list[Claim]):
+    """What a claim took. ``next_due_known``: the claim's own message also read when the
+    next run it left falls due (``next_due``; None: no ready run waits for a time), which the
+    worker's sleep would otherwise ask for (:func:`next_due_at`)."""
+
+    next_due: datetime | None = None
+    next_due_known: bool = False
+
+
 @dataclass(frozen=True)
 class LoadedRun:
     claim: Claim
@@ -194,17 +203,19 @@ def claim_ready_instances(
     return [Claim(i, t, g) for i, t, g in rows]
 
 
-def _claim_and_load(statement: str, args: list[Any], worker_id: str) -> list[Claim] | None:
+def _claim_and_load(statement: str, args: list[Any], worker_id: str) -> Claims | None:
     """The claim and its runs' loads in one message (``claim_and_load``, sql/postgresql.py):
-    the claims, each with its rows; None where one message cannot carry them (inside a
+    the claims, each with its rows, and when the claim took fewer runs than ``args`` allowed,
+    when the next one falls due; None where one message cannot carry them (inside a
     transaction -- the message must be a transaction of its own -- or with server-side
     binding)."""
     if connection.in_atomic_block or not connection.get_autocommit():
         return None
+    task_queues, limit, tenant = args[1], args[2], args[4]
     with connection.cursor() as cursor:
         if not client_side_binding(cursor):
             return None
-        cursor.execute(statement, [*args, worker_id, worker_id])
+        cursor.execute(statement, [*args, worker_id, worker_id, task_queues, tenant, limit])
         claimed = cursor.fetchall()
         cursor.nextset()
         rows = cursor.fetchall()
@@ -212,6 +223,8 @@ def _claim_and_load(statement: str, args: list[Any], worker_id: str) -> list[Cla
         events = cursor.fetchall()
         cursor.nextset()
         interrupts = cursor.fetchall()
+        cursor.nextset()
+        next_due = cursor.fetchall()
     read_at = time.monotonic()
     by_id: dict[str, tuple[Any, ...]] = {str(row[_ID_COLUMN]): row for row in rows}
     events_of: dict[str, list[tuple[Any, ...]]] = {}
@@ -220,13 +233,17 @@ def _claim_and_load(statement: str, args: list[Any], worker_id: str) -> list[Cla
     interrupts_of: dict[str, list[tuple[Any, ...]]] = {}
     for run_id, *interrupt in interrupts:
         interrupts_of.setdefault(str(run_id), []).append(tuple(interrupt))
-    claims = []
+    claims = Claims()
     for i, t, g, _ in claimed:
         key = str(i)
         preloaded = Preloaded(
             by_id.get(key), events_of.get(key, []), interrupts_of.get(key, []), read_at
         )
         claims.append(Claim(uuid.UUID(key), uuid.UUID(str(t)), int(g), preloaded))
+    if next_due:  # no row: the claim was full, and the loop claims again without sleeping
+        value = next_due[0][0]
+        claims.next_due = value if isinstance(value, datetime) else None
+        claims.next_due_known = True
     return claims
 
 
@@ -909,6 +926,7 @@ def next_due_at(task_queues: Sequence[str], tenant: uuid.UUID | None = None) -> 
 
 __all__ = [
     "Claim",
+    "Claims",
     "FenceLost",
     "Finalized",
     "LoadedRun",
