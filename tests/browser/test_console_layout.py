@@ -149,7 +149,9 @@ def test_lists_show_every_column_at_1280_by_800(
     browser.find_element(By.NAME, "username").send_keys("operator")
     browser.find_element(By.NAME, "password").send_keys(PASSWORD)
     browser.find_element(By.CSS_SELECTOR, "input[type=submit]").click()
-    wait_for(browser, "#content")
+    # Signed in: the login page has a #content too, and moving on before the login's POST
+    # came back left the browser signed out (the run list then redirected to the login).
+    wait_for(browser, "#user-tools")
 
     browser.get(f"{url}/admin/workflows/workflowinstance/")
     wait_for(browser, "#result_list")
