@@ -11,8 +11,9 @@ made private ahead).
 :class:`WarmPages` learns, per image (the file's inode), which of its pages every instance's
 first segments wrote: on Linux, ``/proc/self/pagemap`` tells a page copied out of the file (a
 written one) from the file's own page. It takes the pages written in every instance that
-wrote any -- a segment that ran long wrote more, and what it alone wrote is left out -- over the
-first :data:`LEARN_SEGMENTS` segments of the process, at most :data:`MAX_PAGES` of an image.
+wrote any -- a segment that ran long wrote more, and what it alone wrote is left out -- after
+the first :data:`LEARN_SEGMENTS` segments of the process and after each segment that made its
+own instance (a component's first in the process), at most :data:`MAX_PAGES` of an image.
 Then, for each instance made ahead (``engine.ready_instances``, on the maker's thread), it has
 the kernel make those pages private (``madvise(MADV_POPULATE_WRITE)``, Linux 5.14): the
 contents do not change, only where the faults happen. An instance already written (a segment
@@ -105,12 +106,15 @@ class WarmPages:
         with self._lock:
             return {inode: len(pages) for inode, pages in self._learned.items()}
 
-    def learn(self) -> None:
-        """After a segment's guest stopped (its thread): note what the live instances wrote."""
+    def learn(self, new_component: bool = False) -> None:
+        """After a segment's guest stopped (its thread): note what the live instances wrote.
+        Done for the process's first segments, and for one that made its own instance
+        (``new_component``: a component's first segment in the process, whose image may not
+        be known yet)."""
         with self._lock:
-            if not self.learning:
+            if not self.enabled or not (self._learning_left > 0 or new_component):
                 return
-            self._learning_left -= 1
+            self._learning_left = max(0, self._learning_left - 1)
             try:
                 written = self._written()
             except OSError as exc:

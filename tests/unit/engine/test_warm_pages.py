@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
-from engine.warm_pages import ImageMapping, _runs, image_mappings
+from typing import Any
+
+from engine.warm_pages import ImageMapping, WarmPages, _runs, image_mappings
 
 MAPS = b"""\
 55d1c0a00000-55d1c0a21000 rw-p 00000000 00:00 0 [heap]
@@ -29,3 +31,27 @@ def test_runs_cover_every_page_and_join_pages_at_most_the_gap_apart() -> None:
     pages = [0, 4, 5, 40, 41, 43, 100]
     covered = {p for start, length in _runs(pages, gap=3) for p in range(start, start + length)}
     assert set(pages) <= covered and len(covered) <= len(pages) + 3 * len(pages)
+
+
+def test_learning_stops_after_the_first_segments_but_not_for_a_new_component(
+    monkeypatch: Any,
+) -> None:
+    """Pages are learned from the first segments, as the pages every instance that wrote
+    any wrote; after those, only a segment that made its own instance (a component's first)
+    is learned from."""
+    pages = WarmPages(learn_segments=2)
+    monkeypatch.setattr(pages, "enabled", True)
+    seen: list[dict[int, list[frozenset[int]]]] = [
+        {1: [frozenset({1, 2, 3}), frozenset({2, 3, 4})]},  # two instances of image 1
+        {1: [frozenset({2, 3, 9})]},
+        {1: [frozenset({50})], 2: [frozenset({7, 8})]},
+    ]
+    monkeypatch.setattr(pages, "_written", lambda: seen.pop(0))
+    pages.learn()
+    assert pages._learned == {1: frozenset({2, 3})}
+    pages.learn()
+    assert pages._learned == {1: frozenset({2, 3, 9})} and not pages.learning
+    pages.learn()  # a further segment on a known component: nothing read
+    assert len(seen) == 1
+    pages.learn(new_component=True)
+    assert pages._learned == {1: frozenset({2, 3, 9, 50}), 2: frozenset({7, 8})}

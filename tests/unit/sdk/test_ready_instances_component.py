@@ -252,7 +252,8 @@ def test_warm_pages_make_the_first_calls_pages_private_before_the_segment(
         assert cold_runtime.components.warm is None
         pages = warm_runtime.components.warm
         assert pages is not None and pages.enabled
-        assert pages.learned() and min(pages.learned().values()) > 10, pages.learned()
+        # The component's image (other components of the process may be mapped too).
+        assert pages.learned() and max(pages.learned().values()) > 10, pages.learned()
         assert pages.warmed >= 6
         assert warm < cold * 0.75, (warm, cold)
     finally:
