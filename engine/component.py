@@ -1111,7 +1111,7 @@ class ComponentBackend:
             # itself: bound, the store was never freed (a Python segment's memory, about
             # 7 MB, kept for the process's life).
             prepared.output.session = None
-            if self.warm is not None and (self.warm.learning or inline):
+            if self.warm is not None:
                 self.warm.learn(new_component=inline)  # what the guest wrote, while mapped
             if self.ready is not None:
                 try:

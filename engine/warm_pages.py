@@ -83,7 +83,6 @@ class WarmPages:
     def __init__(self, learn_segments: int = LEARN_SEGMENTS, max_pages: int = MAX_PAGES) -> None:
         self.page = os.sysconf("SC_PAGE_SIZE") if hasattr(os, "sysconf") else 4096
         self.enabled = sys.platform.startswith("linux") and os.path.exists("/proc/self/pagemap")
-        self.learn_segments = learn_segments
         self.max_pages = max_pages
         self._learned: dict[int, frozenset[int]] = {}  # inode -> page numbers in the image
         self._learning_left = learn_segments
@@ -135,8 +134,7 @@ class WarmPages:
                 return
             learned = dict(self._learned)
         try:
-            with open("/proc/self/maps", "rb") as f:
-                mappings = list(image_mappings(f.read()))
+            mappings = _current_mappings()
             fd = os.open("/proc/self/pagemap", os.O_RDONLY)
         except OSError as exc:
             self._off(f"cannot read the process's memory map: {exc}")
@@ -167,8 +165,7 @@ class WarmPages:
 
     def _written(self) -> dict[int, list[frozenset[int]]]:
         """Per image inode, the written pages of each mapping that has any."""
-        with open("/proc/self/maps", "rb") as f:
-            mappings = list(image_mappings(f.read()))
+        mappings = _current_mappings()
         found: dict[int, list[frozenset[int]]] = {}
         fd = os.open("/proc/self/pagemap", os.O_RDONLY)
         try:
@@ -179,7 +176,7 @@ class WarmPages:
                 pages = frozenset(
                     first + i
                     for i, (entry,) in enumerate(struct.iter_unpack("<Q", entries))
-                    if entry & _PRESENT and not entry & _FILE_OR_SHARED
+                    if _is_written(entry)
                 )
                 if pages:
                     found.setdefault(mapping.inode, []).append(pages)
@@ -189,12 +186,23 @@ class WarmPages:
 
     def _written_page(self, fd: int, page_number: int) -> bool:
         (entry,) = struct.unpack("<Q", os.pread(fd, 8, page_number * 8))
-        return bool(entry & _PRESENT and not entry & _FILE_OR_SHARED)
+        return _is_written(entry)
 
     def _off(self, why: str) -> None:
         if self.enabled:
             log.info("not making component pages private ahead: %s", why)
         self.enabled = False
+
+
+def _current_mappings() -> list[ImageMapping]:
+    """The process's image mappings now."""
+    with open("/proc/self/maps", "rb") as f:
+        return list(image_mappings(f.read()))
+
+
+def _is_written(entry: int) -> bool:
+    """Whether a page map entry is a page present and copied out of its file (written)."""
+    return bool(entry & _PRESENT and not entry & _FILE_OR_SHARED)
 
 
 def _lines_naming(text: bytes, needles: tuple[bytes, ...]) -> Iterator[bytes]:

@@ -166,7 +166,8 @@ def claim_ready_instances(
     sql = queries(connection)
     args = [worker_id, list(task_queues), limit, now, tenant, default_max_running(), run]
     if load and "claim_and_load" in sql:
-        claims = _claim_and_load(sql["claim_and_load"], args, worker_id)
+        due_args = [list(task_queues), tenant, limit]
+        claims = _claim_and_load(sql["claim_and_load"], args, worker_id, due_args)
         if claims is not None:
             return claims
     if "claim_ready" in sql:
@@ -203,19 +204,20 @@ def claim_ready_instances(
     return [Claim(i, t, g) for i, t, g in rows]
 
 
-def _claim_and_load(statement: str, args: list[Any], worker_id: str) -> Claims | None:
+def _claim_and_load(
+    statement: str, args: list[Any], worker_id: str, due_args: list[Any]
+) -> Claims | None:
     """The claim and its runs' loads in one message (``claim_and_load``, sql/postgresql.py):
-    the claims, each with its rows, and when the claim took fewer runs than ``args`` allowed,
-    when the next one falls due; None where one message cannot carry them (inside a
-    transaction -- the message must be a transaction of its own -- or with server-side
-    binding)."""
+    the claims, each with its rows, and when the claim took fewer runs than it could, when
+    the next one falls due (``due_args``: the queues, the tenant, the claim's limit); None
+    where one message cannot carry them (inside a transaction -- the message must be a
+    transaction of its own -- or with server-side binding)."""
     if connection.in_atomic_block or not connection.get_autocommit():
         return None
-    task_queues, limit, tenant = args[1], args[2], args[4]
     with connection.cursor() as cursor:
         if not client_side_binding(cursor):
             return None
-        cursor.execute(statement, [*args, worker_id, worker_id, task_queues, tenant, limit])
+        cursor.execute(statement, [*args, worker_id, worker_id, *due_args])
         claimed = cursor.fetchall()
         cursor.nextset()
         rows = cursor.fetchall()
@@ -241,8 +243,7 @@ def _claim_and_load(statement: str, args: list[Any], worker_id: str) -> Claims |
         )
         claims.append(Claim(uuid.UUID(key), uuid.UUID(str(t)), int(g), preloaded))
     if next_due:  # no row: the claim was full, and the loop claims again without sleeping
-        value = next_due[0][0]
-        claims.next_due = value if isinstance(value, datetime) else None
+        claims.next_due = _due_time(next_due[0][0])
         claims.next_due_known = True
     return claims
 
@@ -914,14 +915,18 @@ def next_due_at(task_queues: Sequence[str], tenant: uuid.UUID | None = None) -> 
     if "next_due_at" in sql:
         with connection.cursor() as cursor:
             cursor.execute(sql["next_due_at"], [list(task_queues), tenant])
-            value = cursor.fetchone()[0]
-            return value if isinstance(value, datetime) else None
+            return _due_time(cursor.fetchone()[0])
     query = WorkflowInstance.objects.filter(
         status=RunStatus.READY, task_queue__in=list(task_queues), next_wake_at__isnull=False
     )
     if tenant is not None:
         query = query.filter(tenant_id=tenant)
     return query.order_by("next_wake_at").values_list("next_wake_at", flat=True).first()
+
+
+def _due_time(value: Any) -> datetime | None:
+    """What ``cleat.next_due_at`` returned, as a time (NULL: no ready run waits for one)."""
+    return value if isinstance(value, datetime) else None
 
 
 __all__ = [

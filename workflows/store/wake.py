@@ -255,14 +255,20 @@ def sweep_missed_wakes(since: datetime, now: datetime) -> int:
     return woken
 
 
-def notify() -> None:
-    """Wake idle workers (PostgreSQL LISTEN/NOTIFY); a no-op elsewhere (they poll)."""
+def _send_notify() -> bool:
+    """Send the NOTIFY that wakes idle workers; False where the database has none."""
     statement = queries(connection).get("notify_wake")
     if statement is None:
-        return
+        return False
+    with connection.cursor() as cursor:
+        cursor.execute(statement, [NOTIFY_CHANNEL])
+    return True
+
+
+def notify() -> None:
+    """Wake idle workers (PostgreSQL LISTEN/NOTIFY); a no-op elsewhere (they poll)."""
     try:
-        with connection.cursor() as cursor:
-            cursor.execute(statement, [NOTIFY_CHANNEL])
+        _send_notify()
     except Exception:
         log.debug("pg_notify failed", exc_info=True)
 
@@ -276,9 +282,7 @@ def notify_after_commit() -> None:
     server cannot queue -- its queue full behind a listener stuck in a transaction -- then
     fails the commit, where a NOTIFY after it failed alone.) Elsewhere, and outside a
     transaction, it is sent after the commit, or at once."""
-    if connection.in_atomic_block and "notify_wake" in queries(connection):
-        with connection.cursor() as cursor:
-            cursor.execute(queries(connection)["notify_wake"], [NOTIFY_CHANNEL])
+    if connection.in_atomic_block and _send_notify():
         return
     transaction.on_commit(notify)
 
