@@ -90,8 +90,9 @@ def parse_call_batch(requests: str) -> list[BatchItem] | str:
 
 
 class CallOps(ReplayCore):
-    """Calls and fetch: each answer comes from a service, is recorded, and is appended to
-    storage at once (an external effect must not be repeated after a crash)."""
+    """Calls and fetch: each answer comes from a service and is recorded; the events are
+    written before the run's next call goes out, or with the finalize (engine.session.replay's
+    docstring: "Persistence")."""
 
     # --- calls ---
 
@@ -119,7 +120,7 @@ class CallOps(ReplayCore):
                 request=request,
                 pending=True,
             )
-            self._record_now(intent)
+            self._record(intent)
         result = self._io(
             lambda: self.services.caller.call(service, operation, request, context),
             DURABLE_CALL,
@@ -134,7 +135,7 @@ class CallOps(ReplayCore):
             if event.ts > self._vnow:
                 self._vnow = event.ts
         else:
-            self._record_now(event)
+            self._record(event)
         return self._call_reply(event)
 
     # --- several calls at once (ABI v1 extension: durable_call_many) ---
@@ -145,10 +146,11 @@ class CallOps(ReplayCore):
     # replayed or special call simply *is* a durable_call: the rules for write-ahead intents,
     # AMBIGUOUS and task calls live there only. What the batch adds is concurrency for
     # consecutive fresh calls that need none of those rules: they are made together on a
-    # bounded pool of threads, and their events are appended in the given order, each as soon
-    # as it and every call before it have answered. A crash mid-batch therefore leaves a
-    # recorded prefix; the next segment answers the prefix from the history and makes only
-    # the rest, at the same steps and so with the same idempotency keys.
+    # bounded pool of threads, and their events are recorded in the given order, each as soon
+    # as it and every call before it have answered, and written together before the run's
+    # next effect (or with the finalize). A crash before that write makes the batch's calls
+    # again in the next segment, at the same steps and so with the same idempotency keys; a
+    # crash after it leaves them in the history, answered from there.
     #
     # Made one at a time (through durable_call), in their place in the order:
     # - write-ahead calls: the intent must be in storage before the call is dispatched, and
@@ -216,6 +218,7 @@ class CallOps(ReplayCore):
                     after()
 
         replies: list[Reply] = []
+        self._flush()  # what the run recorded before the batch, before its calls go out
         started = time.monotonic()
         workers = min(len(calls), self.config.max_parallel_calls)
         with ThreadPoolExecutor(max_workers=workers, thread_name_prefix="cleat-call") as pool:
@@ -230,7 +233,7 @@ class CallOps(ReplayCore):
                     result = future.result()
                     crash_point("after_call")  # the effect happened; its event is not committed
                     service, operation, request = calls[index]
-                    event = self._record_now(
+                    event = self._record(
                         self._call_event(first + index, service, operation, request, result)
                     )
                     replies.append(self._call_reply(event))
@@ -524,7 +527,7 @@ class CallOps(ReplayCore):
                     service,
                     operation,
                 )
-                event = self._record_now(
+                event = self._record(
                     self._call_event(step, service, operation, request, result, attempt)
                 )
             elif first_step is None:
@@ -581,7 +584,7 @@ class CallOps(ReplayCore):
         if lost:
             raise FenceLost(f"run {self.ref.run_id} lost its lease during a heartbeat call")
         ok = result.status == AbiStatus.OK
-        event = self._record_now(
+        event = self._record(
             HeartbeatEvent(
                 step=step,
                 ts=self._stamp(),
@@ -660,7 +663,7 @@ class CallOps(ReplayCore):
                 lambda: self.services.fetcher.fetch(method, url, headers, body), FETCH, method, url
             )
             ok = result.status == AbiStatus.OK
-            event = self._record_now(
+            event = self._record(
                 FetchEvent(
                     step=step,
                     ts=self._stamp(),
@@ -683,9 +686,7 @@ class CallOps(ReplayCore):
             step = self.step
             caller = self._plugin_caller(plugin)
             result = self._io(lambda: self.services.plugins.call(plugin, function, input, caller))
-            event = self._record_now(
-                self._plugin_event(step, plugin, function, input, False, result)
-            )
+            event = self._record(self._plugin_event(step, plugin, function, input, False, result))
         return Reply(event.status, event.output if event.status == AbiStatus.OK else event.error)
 
     def _plugin_caller(self, plugin: str) -> PluginCaller:
@@ -730,6 +731,7 @@ class CallOps(ReplayCore):
         self._guard_history_limit()
         # Fresh: record each chunk as it arrives; the final event appends them all at once.
         chunks: list[Any] = []
+        self._flush()  # what the run recorded before the call, before it goes out
         started = time.monotonic()
         stream = self.services.plugins.stream(plugin, function, input, self._plugin_caller(plugin))
         if isinstance(stream, CallResult):
@@ -754,9 +756,7 @@ class CallOps(ReplayCore):
         spent = time.monotonic() - started
         self.io_seconds += spent
         self.backend.refresh_deadline(spent)
-        event = self._record_now(
-            self._plugin_event(self.step, plugin, function, input, True, result)
-        )
+        event = self._record(self._plugin_event(self.step, plugin, function, input, True, result))
         return Reply(event.status, event.output if event.status == AbiStatus.OK else event.error)
 
     def _context(self, service: str, operation: str, step: int, attempt: int = 1) -> CallContext:

@@ -27,10 +27,18 @@ deterministic start time does not already give. Keeping instances alive across w
 (coroutines, snapshots) ties a run to one process, which is what durable execution exists
 to avoid.
 
-Persistence: events of calls with external effects are appended to storage right after the
-call (with everything before them, so the stored history stays a prefix); state changes in
-our own database go through ``WorkflowStorage.apply`` together with their event; everything
-else is returned in :class:`SegmentResult` for the fenced finalize at the end.
+Persistence: one rule, the history is written before anything leaves the process. Every
+event is recorded in memory; before a call goes out (a service, an HTTP fetch, a plugin, a
+batch of calls) the events recorded since the last write are appended to storage
+(:meth:`ReplayCore._flush`), so the stored history stays a prefix; state changes in our own
+database go through ``WorkflowStorage.apply`` together with the events before them; what is
+left is returned in :class:`SegmentResult` for the fenced finalize at the end, in its one
+transaction. So a call's event is committed before the run's next effect and before anyone
+outside the run can see what it led to (the next call, the run's result, an update's answer),
+but not before the guest computes with the reply: the last call of a segment costs no
+transaction of its own. A crash before that commit repeats the call on replay with the same
+idempotency key, as a crash between the call and its commit always did (at least once); a
+write-ahead call's intent is recorded before the call and so committed before it goes out.
 """
 
 from __future__ import annotations
@@ -333,16 +341,13 @@ class ReplayCore:
             self._vnow = event.ts
         return event
 
-    def _record_now(self, event: E) -> E:
-        """Record ``event`` and append it, with everything before it, to storage now."""
-        pending: list[Event] = [*self._unflushed, event]
-        self.storage.append_events(self.ref, pending)
-        self._recorded.append(event)
-        self._unflushed.clear()
-        self.step = event.step + 1
-        if event.ts > self._vnow:
-            self._vnow = event.ts
-        return event
+    def _flush(self) -> None:
+        """Append the events recorded since the last write to storage, before anything
+        leaves the process (see the module's docstring: the history is written before the
+        run's next effect)."""
+        if self._unflushed:
+            self.storage.append_events(self.ref, tuple(self._unflushed))
+            self._unflushed.clear()
 
     def _apply(
         self, mutation: Mutation, make: Callable[[Any], E], refused: Callable[[Refused], E]
@@ -371,7 +376,9 @@ class ReplayCore:
     ) -> CallResult:
         """Run a call that leaves the process; with tracing on, in a current span named
         ``span`` (engine.tracing: ``a``, ``b`` are its service and operation, or method and
-        URL). Only a fresh call comes here: a replayed one makes no span."""
+        URL). Only a fresh call comes here: a replayed one makes no span. What the run
+        recorded before it is written first (:meth:`_flush`)."""
+        self._flush()
         tracer = self.services.tracer
         if tracer is not None and span:
             return traced_call(tracer, span, a, b, self.step, lambda: self._io(fn))

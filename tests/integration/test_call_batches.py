@@ -1,7 +1,8 @@
 """Several durable calls at once (the ABI v1 extension ``durable_call_many``): the calls are
 in flight together, recorded one call event each in the given order, answered from the
-history on replay, made again after a crash only where unrecorded (same idempotency keys),
-and each call has its own outcome. Calls that need the single-call rules (task calls,
+history on replay, made again after a crash only where their events were not written yet
+(same idempotency keys), kept by the finalize when the write before the next call fails, and
+each call has its own outcome. Calls that need the single-call rules (task calls,
 write-ahead calls) are made one at a time in their place. Each scenario runs against both
 environments (in memory, and the Django store with its executor)."""
 
@@ -191,40 +192,55 @@ def test_each_call_has_its_own_outcome(kind: Any) -> None:
     replays_quietly(env, run, [shop])
 
 
-def test_a_crash_mid_batch_makes_only_the_unrecorded_calls_again(
+def test_a_failed_write_after_a_batch_loses_none_of_its_calls(
     kind: Any, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """The worker dies after the first call's event is committed and before the second's:
-    all three calls were made. The next segment answers the first from the history and
-    makes the other two again, with the same idempotency keys."""
+    """A call, a batch of two, a call. The first call is written before the batch goes out;
+    the batch's events are written before the last call goes out, and that write fails (the
+    database is gone for it): the last call is not made, and the segment's failure is
+    finalized with the batch's events, so the retry answers the first three calls from the
+    history and makes only the last, at its step and with its idempotency key."""
     shop = FakeService({"pay": lambda request: {"paid": request["n"]}})
     env = kind({"shop": shop})
+    w = Wat()
+    w.run(
+        f"""(call $rec (call $durable_call {w.s("shop")} {w.s("pay")} {w.js({"n": 0})}))
+        (call $rec (call $durable_call_many {w.input()}))
+        (call $rec (call $durable_call {w.s("shop")} {w.s("pay")} {w.js({"n": 3})}))
+        (call $finish)"""
+    )
+    env.deploy("around", w.wasm())
     storage_class = (
         __import__("workflows.store.storage", fromlist=["DjangoStorage"]).DjangoStorage
         if getattr(env, "kind", "") == "database"
         else type(env.storage)
     )
-    appends = {"count": 0}
+    appends: list[list[int]] = []
     original = storage_class.append_events
 
-    def dies_at_the_second_append(self: Any, run_ref: Any, events: Any) -> None:
-        appends["count"] += 1
-        if appends["count"] == 2:
+    def fails_at_the_second_append(self: Any, run_ref: Any, events: Any) -> None:
+        appends.append([e.step for e in events])
+        if len(appends) == 2:
             raise ConnectionError("the worker lost its database")
         original(self, run_ref, events)
 
-    monkeypatch.setattr(storage_class, "append_events", dies_at_the_second_append)
-    run = env.start("batch", requests(*(("shop", "pay", {"n": n}) for n in range(3))))
+    monkeypatch.setattr(storage_class, "append_events", fails_at_the_second_append)
+    run = env.start("around", requests(*(("shop", "pay", {"n": n}) for n in (1, 2))))
     env.run_until_idle()
-    assert calls_of(env, run) == [(0, "pay", '{"n":0}')]
+    assert appends == [[0], [1, 2]]
     assert sorted(c.step for c in shop.calls) == [0, 1, 2]
+    assert [step for step, _, _ in calls_of(env, run)] == [0, 1, 2]
 
     env.advance(seconds=60)  # past the retry backoff of the failed segment
-    assert answers(env, run) == [[0, f'{{"paid":{n}}}'] for n in range(3)]
-    assert sorted(c.step for c in shop.calls[3:]) == [1, 2]
-    again = {c.step: c.idempotency_key for c in shop.calls[3:]}
-    assert again == {step: idempotency_key(run, run, step) for step in (1, 2)}
-    assert [step for step, _, _ in calls_of(env, run)] == [0, 1, 2]
+    [first, batch, last] = env.result(run)
+    assert (first, last) == ([0, '{"paid":0}'], [0, '{"paid":3}'])
+    assert [[a["status"], a["payload"]] for a in json.loads(batch[1])] == [
+        [0, '{"paid":1}'],
+        [0, '{"paid":2}'],
+    ]
+    assert [c.step for c in shop.calls] == [0, 1, 2, 3]
+    assert shop.calls[3].idempotency_key == idempotency_key(run, run, 3)
+    assert [step for step, _, _ in calls_of(env, run)] == [0, 1, 2, 3]
 
 
 def test_task_calls_in_a_batch_are_made_one_at_a_time(kind: Any) -> None:

@@ -320,8 +320,9 @@ def test_the_one_message_completion_releases_the_workflows_locks(
 def test_postgres_runs_a_plain_segment_in_three_messages_with_the_general_paths_outcome(
     make_env: Any, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """The claim with the load (one message), the step (one message), the completion (one
-    message); the rows it leaves are those the general path (a transaction per part) leaves."""
+    """The claim with the load (one message), the first call's event before the second call
+    goes out (one message), the completion with the second call's event (one message); the
+    rows it leaves are those the general path (a transaction per part) leaves."""
     from django.db import connection
     from django.test.utils import CaptureQueriesContext
 
@@ -332,15 +333,20 @@ def test_postgres_runs_a_plain_segment_in_three_messages_with_the_general_paths_
         f"""
     (drop (call $set_query_state {w.s("stage")} {w.js("paid")}))
     (call $rec (call $durable_call {w.s("pay")} {w.s("charge")} {w.input()}))
+    (call $rec (call $durable_call {w.s("pay")} {w.s("receipt")} {w.input()}))
     (call $finish)"""
     )
-    env = make_env({"pay": FakeService({"charge": lambda r: {"charged": r}})})
+    env = make_env(
+        {"pay": FakeService({"charge": lambda r: {"charged": r}, "receipt": lambda r: {}})}
+    )
     env.deploy("pay", w.wasm())
     fast = env.start("pay", {"amount": 5})
     with CaptureQueriesContext(connection) as queries:
         assert env.step()
     assert len(queries) == 3, [q["sql"][:80] for q in queries]
     assert "load_claimed_histories" in queries[0]["sql"]
+    assert "append_events" in queries[1]["sql"]
+    assert "finalize_done" in queries[2]["sql"]
 
     monkeypatch.setattr(lifecycle, "_claim_and_load", lambda *a: None)
     monkeypatch.setattr(lifecycle, "_load_in_one_message", lambda *a: (False, None))

@@ -1,8 +1,9 @@
 """Adaptive group commit (PostgreSQL): the per-step appends of every run executing in this
 worker process, written together in shared transactions when the process appends fast.
 
-A durable step's event must be committed before the guest sees its reply (an external
-effect must not be repeated after a crash), so a run's thread blocks on each append. One
+A durable step's event must be committed before the run's next call goes out (what the
+reply led to must not leave the process before the reply is stored), so a run's thread
+blocks on each append, made just before that call (engine.session.replay, "Persistence"). One
 append per transaction makes the commit -- a round trip, the server's per-statement work and
 its WAL flush -- the ceiling of a worker: on this project's 2-core test machine the server
 spent about 1 ms of CPU on each step written alone, and 0.16 ms on each of 8 written in one
@@ -27,7 +28,8 @@ How it works, for each append (``DjangoStorage.append_events`` asks :func:`appen
   whose fence was lost (reaped, terminated, a retried flush) is simply not matched: its
   writes are not made, its caller takes the general path, which tells those cases apart and
   raises ``FenceLost`` for that run alone; the other runs' writes commit.
-- **Durability is unchanged**: every caller returns only after its batch committed. When the
+- **Durability is unchanged**: every caller returns only after its batch committed, so its
+  call goes out only then. When the
   batch's statement fails (a deadlock, a dropped connection), nothing of it was written -- one
   transaction -- and each caller writes its own append directly, as it would have
   without batching (a commit whose reply was lost is found by the general path: the steps

@@ -1,7 +1,8 @@
 """The fault-injection workload and the checker run after every fault scenario.
 
 The workload (:class:`Workload`): ``job`` runs that debit an idempotent HTTP ledger
-(``support.ledger``), start a ``leaf`` child (which makes a ledger call of its own) and await
+(``support.ledger``) and place a hold on it (the debit's event is appended before the hold
+goes out), start a ``leaf`` child (which makes a ledger call of its own) and await
 it, sleep on a timer, wait briefly for a signal, count their hops in workflow state and
 continue-as-new once, then credit the ledger; every-minute ``tick`` schedules whose runs make
 one ledger call each. Between them they pass every crash point: a service call and its
@@ -53,6 +54,7 @@ def job_module() -> bytes:
     w.run(
         f"""
     (call $rec (call $durable_call {w.s(LEDGER)} {w.s("debit")} {w.input()}))
+    (call $rec (call $durable_call {w.s(LEDGER)} {w.s("hold")} {w.input()}))
     (local.set $c (call $child_workflow {w.s("leaf")} {w.input()}))
     (call $rec (call $await_child {w.payload("c")}))
     (call $recn (call $durable_sleep (i64.const 200)))
