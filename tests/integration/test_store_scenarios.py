@@ -460,6 +460,53 @@ def test_postgres_claim_brings_when_the_next_run_it_left_falls_due(make_env: Any
 
 
 @pytest.mark.postgres_only
+def test_postgres_claim_commits_without_waiting_for_its_wal_and_nothing_after_it_does(
+    make_env: Any,
+) -> None:
+    """The claim's message commits asynchronously: right after it, the server's WAL is
+    written past what it flushed (a synchronous commit returns only once its WAL is
+    flushed). The setting is the transaction's own: the finalize after it, and a claim that
+    took nothing, wait for their flush as every other commit does."""
+    from django.db import connection
+
+    from workflows.store import lifecycle
+
+    env = make_env({"pay": FakeService({"charge": {"ok": 1}})})
+    env.deploy("pay", call_sleep_call().wasm())
+    now = env.clock.now()
+    runs = [env.start("pay", {"amount": n}) for n in range(12)]
+    with tenant_context(env.tenant.id):
+        WorkflowInstance.objects.filter(id__in=runs).update(next_wake_at=now)
+
+    def unflushed() -> bool:
+        with connection.cursor() as cursor:
+            cursor.execute("SELECT pg_current_wal_flush_lsn() < pg_current_wal_insert_lsn()")
+            return bool(cursor.fetchone()[0])
+
+    claimed, after_claims = [], 0
+    for _ in runs:
+        claims = lifecycle.claim_ready_instances("w", ["default"], 1, now, load=True)
+        claimed += claims
+        after_claims += unflushed()
+    assert {str(c.id) for c in claimed} == set(runs)
+    # The WAL writer flushes on its own every wal_writer_delay (200 ms): a claim it happened
+    # to follow at once is flushed already; most are not.
+    assert after_claims >= len(runs) // 2, after_claims
+    with connection.cursor() as cursor:
+        cursor.execute("SHOW synchronous_commit")
+        assert cursor.fetchone()[0] == "on"
+
+    after_others = 0
+    for claim in claimed:
+        with tenant_context(env.tenant.id):
+            WorkflowInstance.objects.filter(id=claim.id).update(heartbeat_at=now)
+        after_others += unflushed()
+        assert lifecycle.claim_ready_instances("w", ["default"], 1, now, load=True) == []
+        after_others += unflushed()
+    assert after_others <= 2, after_others  # only another backend's WAL could show here
+
+
+@pytest.mark.postgres_only
 def test_postgres_claim_with_its_loads_reads_what_each_load_reads(
     make_env: Any, other_tenant: Any, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -236,7 +236,7 @@ def _claim_and_load(
     for run_id, *interrupt in interrupts:
         interrupts_of.setdefault(str(run_id), []).append(tuple(interrupt))
     claims = Claims()
-    for i, t, g, _ in claimed:
+    for i, t, g, *_ in claimed:
         key = str(i)
         preloaded = Preloaded(
             by_id.get(key), events_of.get(key, []), interrupts_of.get(key, []), read_at

@@ -228,7 +228,12 @@ def _claim_and_load_sql() -> str:
         "SELECT c.id, c.tenant_id, c.generation, "
         f"set_config('{CLAIMED_SETTING}', (SELECT json_agg(json_build_object("
         "'id', k.id, 'tenant', k.tenant_id, 'generation', k.generation)) FROM c AS k)::text, "
-        "true) FROM c;\n"
+        "true), "
+        # The claim's commit does not wait for its WAL to reach the disk: the run's first
+        # durable write (synchronous, later in the same WAL) makes it durable too, and a
+        # claim lost with a crashed server only makes the run claimable again
+        # (docs/persistence.md, "Load").
+        "set_config('synchronous_commit', 'off', true) FROM c;\n"
         f"SELECT {_LOADED_COLUMNS} FROM cleat.load_claimed_instances(%s) AS l;\n"
         "SELECT instance_id, step, type_code, timestamp_ms, payload, checksum "
         "FROM cleat.load_claimed_histories(%s);\n"
