@@ -19,7 +19,7 @@ class WorkflowsConfig(AppConfig):
         from workflows.maintenance import reaper_duty, wake_sweep_duty
 
         for check in CONFIGURATION_CHECKS:
-            checks.register(check)
+            checks.register(check, CHECK_TAG)
         celery_calls.register()
         # First, so a pass of the loop reaps before the apps' duties (and the claim) run.
         duties.register("reaper", reaper_duty)
@@ -134,6 +134,10 @@ def check_dispatch_mode(app_configs: Any = None, **kwargs: Any) -> list[checks.C
 
 # cleat's configuration checks: registered as system checks (manage.py check, runworker) and
 # run by the web entry points at start-up (refuse_bad_configuration).
+# The tag of cleat's own system checks: a command that runs a chosen set of checks (the
+# worker, which leaves out the web side's) names it to keep them.
+CHECK_TAG = "cleat"
+
 CONFIGURATION_CHECKS: tuple[Callable[..., list[checks.CheckMessage]], ...] = (
     check_fetch_allow_list,
     check_retention_settings,

@@ -10,9 +10,11 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
+import time
 import uuid
 from collections.abc import Iterator
 from io import StringIO
@@ -241,6 +243,73 @@ def test_the_commands_as_processes(tenant: Tenant, files: dict[str, Path]) -> No
     assert summary["result"] == [[0, '{"name":"go","payload":"yes"}']]
     for process in (deployed, started, worked, signalled, shown):
         assert "Traceback" not in process.stderr
+
+
+def test_runworker_processes_are_forked_and_share_the_work(tenant: Tenant) -> None:
+    """``runworker --processes 2``: the supervisor forks two workers (named after its
+    ``--worker-id``), each opens its own connection and claims its share, and the
+    supervisor exits 0 when both have."""
+    env = DatabaseWorkflowEnvironment(tenant)
+    try:
+        env.deploy("quick", Wat().run("(call $finish)").wasm())
+        runs = [env.start("quick") for _ in range(8)]
+    finally:
+        env.close()
+    worked = manage(
+        "runworker", "--processes", "2", "--burst", "--concurrency", "1", "--worker-id", "pair"
+    )
+    assert worked.returncode == 0, worked.stderr
+    assert "event=workers_started processes=2 started_as=fork" in worked.stderr
+    for name in ("pair-0", "pair-1"):
+        assert f"event=worker_started worker={name} " in worked.stderr, worked.stderr
+    processed = [int(n) for n in re.findall(r"processed (\d+) segment", worked.stdout)]
+    assert len(processed) == 2 and sum(processed) == len(runs), worked.stdout
+    assert "Traceback" not in worked.stderr
+    with tenant_context(tenant.id):
+        statuses = set(
+            WorkflowInstance.objects.filter(id__in=runs).values_list("status", flat=True)
+        )
+    assert statuses == {RunStatus.DONE}
+
+
+def test_runworker_forwards_sigterm_to_its_forked_workers(tmp_path: Path) -> None:
+    """SIGTERM to the supervisor reaches both forked workers: each stops cleanly and the
+    supervisor exits 0."""
+    env = {k: v for k, v in os.environ.items() if k != "DJANGO_SETTINGS_MODULE"}
+    env.update(DEBUG="1", DATABASE_URL=database_url(), PYTHONUNBUFFERED="1")
+    log_path = tmp_path / "supervisor.log"
+    with open(log_path, "w") as log:
+        supervisor = subprocess.Popen(
+            [
+                sys.executable,
+                str(ROOT / "manage.py"),
+                "runworker",
+                "--processes",
+                "2",
+                "--concurrency",
+                "1",
+                "--poll-interval",
+                "0.2",
+            ],
+            cwd=ROOT,
+            env=env,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+        )
+    try:
+        deadline = time.monotonic() + 60
+        while log_path.read_text().count("event=worker_started") < 2:
+            assert supervisor.poll() is None, log_path.read_text()
+            assert time.monotonic() < deadline, log_path.read_text()
+            time.sleep(0.05)
+        supervisor.send_signal(signal.SIGTERM)
+        assert supervisor.wait(timeout=60) == 0, log_path.read_text()
+    finally:
+        if supervisor.poll() is None:
+            supervisor.kill()
+    text = log_path.read_text()
+    assert text.count("event=worker_stopped") == 2, text
+    assert "started_as=fork" in text and "Traceback" not in text
 
 
 def test_create_tenant_and_work_in_it(tenant: Tenant, files: dict[str, Path]) -> None:

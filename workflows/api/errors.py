@@ -18,7 +18,6 @@ from django.http import Http404, HttpRequest, JsonResponse
 from django.views.decorators.csrf import csrf_exempt
 from rest_framework import exceptions, status
 from rest_framework.response import Response
-from rest_framework.views import set_rollback
 
 from workflows.services import ServiceError
 
@@ -152,6 +151,10 @@ def exception_handler(exc: Exception, context: dict[str, Any]) -> Response:
             getattr(request, "path", "?"),
         )
         status_code, code, message = 500, "internal", "Internal server error."
+    # Imported here: rest_framework.views reads the parser settings when it is imported, and
+    # the parsers import this module (a cycle whoever of the two is imported first).
+    from rest_framework.views import set_rollback
+
     set_rollback()
     return Response(error_body(code, message, field), status=status_code, headers=headers)
 
