@@ -33,7 +33,6 @@ from workflows import faults
 from workflows.conf import cleat_settings
 from workflows.crypto import EncryptionKeyMissing, unopened
 from workflows.models import WorkflowInstance
-from workflows.store import group_commit
 from workflows.store.lifecycle import (
     Claim,
     Finalized,
@@ -189,10 +188,9 @@ def _execute_claim(
     try:
         with span_scope as span:
             try:
-                with group_commit.segment():
-                    result = runtime.run_segment(
-                        module, run, loaded.history, storage, services, engine_clock
-                    )
+                result = runtime.run_segment(
+                    module, run, loaded.history, storage, services, engine_clock
+                )
                 if storage.lost is not None and _host_failure(result):
                     # The engine reports a storage exception as the run's `internal` failure;
                     # when it was the connection, the run is released instead (no attempt

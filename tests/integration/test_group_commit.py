@@ -66,12 +66,13 @@ def _event(step: int) -> DurableLogEvent:
 class _Recorder:
     """Stands in for ``write_batch``: records each batch; matches every run but ``lost``."""
 
-    def __init__(self, lost: str = "", fail: bool = False) -> None:
+    def __init__(self, lost: str = "", fail: bool = False, takes_s: float = 0.0) -> None:
         self.batches: list[list[str]] = []
-        self.lost, self.fail = lost, fail
+        self.lost, self.fail, self.takes_s = lost, fail, takes_s
 
     def __call__(self, batch: Any) -> set[str]:
         self.batches.append([item.ref.run_id for item in batch])
+        time.sleep(self.takes_s)  # the write's round trip and commit
         if self.fail:
             raise DatabaseError("deadlock detected")
         return {item.ref.run_id for item in batch} - {self.lost}
@@ -88,9 +89,8 @@ def _appends_together(
 
     def one(i: int) -> None:
         ref = _ref(i)
-        with group.segment():
-            barrier.wait()
-            results[ref.run_id] = group.append(uuid.uuid4(), ref, [_event(0)], _now())
+        barrier.wait()
+        results[ref.run_id] = group.append(uuid.uuid4(), ref, [_event(0)], _now())
 
     threads = [threading.Thread(target=one, args=(i,)) for i in range(runs)]
     for t in threads:
@@ -106,17 +106,18 @@ def _now() -> Any:
     return timezone.now()
 
 
-def test_a_batch_closes_when_every_running_segment_waits(monkeypatch: Any) -> None:
-    """Eight segments, a wait of a minute: the batch does not wait for its time to run out,
-    because no one else could join it."""
+def test_a_batch_gathers_while_the_one_before_it_is_written(monkeypatch: Any) -> None:
+    """Eight segments, a wait of a minute, writes that take 0.2 s: the first append is
+    written at once (nothing else is being written); the others, arriving meanwhile, gather
+    and are written together as soon as that write is done -- not after the minute."""
     group = GroupCommit(Settings(enabled=True, min_rate=0, max_events=64, max_wait_s=60.0))
-    recorder = _Recorder()
+    recorder = _Recorder(takes_s=0.2)
     started = time.monotonic()
     results = _appends_together(group, 8, monkeypatch, recorder)
     assert time.monotonic() - started < 30
     assert sorted(results.values()) == [True] * 8
     assert sum(len(b) for b in recorder.batches) == 8
-    assert len(recorder.batches) < 8  # they shared transactions
+    assert len(recorder.batches) <= 3, recorder.batches  # shared, one write at a time
     assert group.totals["batched"] == 8
 
 
@@ -128,19 +129,47 @@ def test_a_batch_closes_at_its_event_limit(monkeypatch: Any) -> None:
     assert max(len(b) for b in recorder.batches) <= 2
 
 
-def test_a_lone_append_waits_no_longer_than_the_wait(monkeypatch: Any) -> None:
-    """One segment appends while another runs on without appending: the batch closes after
-    the wait, holding the one append."""
-    group = GroupCommit(Settings(enabled=True, min_rate=0, max_events=64, max_wait_s=0.05))
+def test_a_lone_append_is_written_at_once_when_nothing_else_is(monkeypatch: Any) -> None:
+    """One segment appends while another runs on without appending, a wait of a minute:
+    nothing is being written, so the append is, at once -- a batch does not wait for
+    segments still computing while the database has nothing to do."""
+    group = GroupCommit(Settings(enabled=True, min_rate=0, max_events=64, max_wait_s=60.0))
     recorder = _Recorder()
     monkeypatch.setattr(group_commit, "write_batch", recorder)
     monkeypatch.setattr(group_commit, "_can_batch", lambda: True)
-    with group.segment(), group.segment():  # two running, only one appends
-        started = time.monotonic()
-        assert group.append(uuid.uuid4(), _ref(0), [_event(0)], _now()) is True
-        waited = time.monotonic() - started
-    assert 0.04 <= waited < 5
+    started = time.monotonic()
+    assert group.append(uuid.uuid4(), _ref(0), [_event(0)], _now()) is True
+    waited = time.monotonic() - started
+    assert waited < 5
     assert len(recorder.batches) == 1
+
+
+def test_an_append_waits_for_the_write_in_progress_or_its_wait(monkeypatch: Any) -> None:
+    """An append that arrives while another batch is being written waits for that write to
+    end, then is written: with a long wait, 0.3 s (the first write); with a wait of 0.05 s,
+    the wait -- so two writes are then in flight at once."""
+    for max_wait_s, low, high in ((60.0, 0.2, 5.0), (0.05, 0.03, 0.25)):
+        group = GroupCommit(
+            Settings(enabled=True, min_rate=0, max_events=64, max_wait_s=max_wait_s)
+        )
+        recorder = _Recorder(takes_s=0.3)
+        monkeypatch.setattr(group_commit, "write_batch", recorder)
+        monkeypatch.setattr(group_commit, "_can_batch", lambda: True)
+        waited: list[float] = []
+
+        def first(group: GroupCommit = group) -> None:
+            group.append(uuid.uuid4(), _ref(0), [_event(0)], _now())
+
+        writing = threading.Thread(target=first)
+        writing.start()
+        while not recorder.batches:
+            time.sleep(0.001)
+        started = time.monotonic()
+        assert group.append(uuid.uuid4(), _ref(1), [_event(0)], _now()) is True
+        waited.append(time.monotonic() - started - recorder.takes_s)  # less its own write
+        writing.join(10)
+        assert low <= waited[0] < high, (max_wait_s, waited)
+        assert [len(b) for b in recorder.batches] == [1, 1]
 
 
 def test_a_lost_fence_fails_only_its_runs_writes(monkeypatch: Any) -> None:
@@ -168,8 +197,7 @@ def test_any_error_of_the_batch_is_no_one_runs_own(monkeypatch: Any) -> None:
     group = GroupCommit(Settings(enabled=True, min_rate=0, max_events=64, max_wait_s=60.0))
     monkeypatch.setattr(group_commit, "_can_batch", lambda: True)
     monkeypatch.setattr(group_commit, "write_batch", broken)
-    with group.segment():
-        assert group.append(uuid.uuid4(), _ref(0), [_event(0)], _now()) is None
+    assert group.append(uuid.uuid4(), _ref(0), [_event(0)], _now()) is None
 
 
 def test_a_run_is_never_twice_in_one_batch(monkeypatch: Any) -> None:
@@ -184,9 +212,8 @@ def test_a_run_is_never_twice_in_one_batch(monkeypatch: Any) -> None:
     barrier = threading.Barrier(2)
 
     def one(step: int) -> None:
-        with group.segment():
-            barrier.wait()
-            results.append(group.append(uuid.uuid4(), ref, [_event(step)], _now()))
+        barrier.wait()
+        results.append(group.append(uuid.uuid4(), ref, [_event(step)], _now()))
 
     threads = [threading.Thread(target=one, args=(i,)) for i in range(2)]
     for t in threads:
@@ -268,9 +295,8 @@ def test_runs_appending_together_share_a_transaction_and_a_lost_fence_fails_alon
 
     def one(ref: RunRef) -> None:
         try:
-            with group.segment():
-                barrier.wait()
-                storage.append_events(ref, [_event(0), _event(1)])
+            barrier.wait()
+            storage.append_events(ref, [_event(0), _event(1)])
             outcome[ref.run_id] = "ok"
         except FenceLost as exc:
             outcome[ref.run_id] = exc
