@@ -264,7 +264,7 @@ class DjangoStorage:
             with tenant_context(self.tenant_id):
                 count = lock_fenced(run)
                 append_locked(run, count, events, now)
-        crash_point("after_append")  # committed; the guest has not seen its reply yet
+        crash_point("after_append")  # committed; the call that follows has not gone out yet
 
     def complete_intent(self, run: RunRef, event: Event) -> None:
         self._prefetched = None
