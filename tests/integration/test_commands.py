@@ -245,6 +245,24 @@ def test_the_commands_as_processes(tenant: Tenant, files: dict[str, Path]) -> No
         assert "Traceback" not in process.stderr
 
 
+def test_runworker_threads_follow_the_usable_cpus(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Four threads per CPU the process may use, between 4 and 32; one on SQLite. A worker
+    started without --concurrency says how many it took."""
+    from workflows.management.commands import runworker
+
+    for cpus, threads in ((1, 4), (2, 8), (3, 12), (8, 32), (64, 32)):
+        monkeypatch.setattr(runworker, "usable_cpus", lambda cpus=cpus: cpus)
+        assert runworker.default_concurrency("postgresql") == threads
+        assert runworker.default_concurrency("mysql") == threads
+        assert runworker.default_concurrency("sqlite") == 1
+    monkeypatch.undo()
+    assert runworker.usable_cpus() == len(os.sched_getaffinity(0))
+    worked = manage("runworker", "--burst")
+    assert worked.returncode == 0, worked.stderr
+    expected = runworker.default_concurrency(connection.vendor)
+    assert f"concurrency={expected} " in worked.stderr, worked.stderr
+
+
 def test_runworker_processes_are_forked_and_share_the_work(tenant: Tenant) -> None:
     """``runworker --processes 2``: the supervisor forks two workers (named after its
     ``--worker-id``), each opens its own connection and claims its share, and the

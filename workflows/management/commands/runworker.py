@@ -26,9 +26,28 @@ from workflows.worker import Worker, WorkerOptions, default_worker_id
 log = logging.getLogger("cleat.worker")
 
 
+# Threads per CPU by default, and the bounds: a step mostly waits for its commit (or a
+# service), so several threads per CPU keep one busy and make the group commit's batches
+# bigger; each thread holds a database connection, hence the ceiling.
+THREADS_PER_CPU = 4
+MIN_THREADS, MAX_THREADS = 4, 32
+
+
+def usable_cpus() -> int:
+    """The CPUs this process may run on (its affinity mask, which a container's CPU set
+    narrows), else the machine's."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):  # no sched_getaffinity (macOS, Windows)
+        return os.cpu_count() or 1
+
+
 def default_concurrency(vendor: str) -> int:
-    """The default threads of a worker process: 4; 1 on SQLite (one writer)."""
-    return 1 if vendor == "sqlite" else 4
+    """The default threads of a worker process: 1 on SQLite (one writer); elsewhere
+    THREADS_PER_CPU per usable CPU, between MIN_THREADS and MAX_THREADS (8 on 2 CPUs)."""
+    if vendor == "sqlite":
+        return 1
+    return max(MIN_THREADS, min(MAX_THREADS, THREADS_PER_CPU * usable_cpus()))
 
 
 # A worker serves no URL and renders no page: its start-up leaves out the web side's system
@@ -59,7 +78,7 @@ class Command(BaseCommand):
             "--concurrency",
             type=int,
             default=None,
-            help="segments at once (threads; default 4, 1 on SQLite)",
+            help="segments at once (threads; default 4 per CPU, 4 to 32; 1 on SQLite)",
         )
         parser.add_argument("--processes", type=int, default=1, help="worker processes to start")
         parser.add_argument("--worker-id", default=None)
