@@ -132,12 +132,12 @@ def check_dispatch_mode(app_configs: Any = None, **kwargs: Any) -> list[checks.C
     return []
 
 
-# cleat's configuration checks: registered as system checks (manage.py check, runworker) and
-# run by the web entry points at start-up (refuse_bad_configuration).
 # The tag of cleat's own system checks: a command that runs a chosen set of checks (the
 # worker, which leaves out the web side's) names it to keep them.
 CHECK_TAG = "cleat"
 
+# cleat's configuration checks: registered as system checks (manage.py check, runworker) and
+# run by the web entry points at start-up (refuse_bad_configuration).
 CONFIGURATION_CHECKS: tuple[Callable[..., list[checks.CheckMessage]], ...] = (
     check_fetch_allow_list,
     check_retention_settings,

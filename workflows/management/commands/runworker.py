@@ -138,7 +138,7 @@ class Command(BaseCommand):
         except ImproperlyConfigured as exc:
             raise CommandError(str(exc)) from None
         if options["processes"] > 1:
-            self._supervise(options)
+            self._supervise(options, queues, concurrency, tenant)
             return
         self._run_worker(options, queues, concurrency, tenant)
 
@@ -174,17 +174,27 @@ class Command(BaseCommand):
         if options["burst"]:
             self.stdout.write(f"processed {processed} segment(s)")
 
-    def _supervise(self, options: dict[str, Any]) -> None:
+    def _supervise(
+        self,
+        options: dict[str, Any],
+        queues: list[str],
+        concurrency: int,
+        tenant: Tenant | None,
+    ) -> None:
         """Start N single-process workers and forward SIGTERM/SIGINT to them.
 
         Each is a fork of this process where that is safe (a POSIX system, and no thread
         started here yet): it starts with Django, the engine and the checks already loaded
-        and done, in milliseconds instead of the ~0.4 s of a new interpreter. Elsewhere each
-        is a new ``runworker --processes 1`` process."""
+        and done, in milliseconds instead of the ~0.4 s of a new interpreter, and runs its
+        worker with what this process found (queues, threads, tenant) instead of checking
+        the database and the settings again. Elsewhere each is a new ``runworker
+        --processes 1`` process."""
         base_id = options["worker_id"] or default_worker_id()
         forked = hasattr(os, "fork") and threading.active_count() == 1
         if forked:
-            children: list[_Child] = self._fork_workers(options, base_id)
+            children: list[_Child] = self._fork_workers(
+                options, base_id, queues, concurrency, tenant
+            )
         else:
             children = [
                 self._spawn_worker(options, f"{base_id}-{i}") for i in range(options["processes"])
@@ -207,7 +217,14 @@ class Command(BaseCommand):
         if any(codes):
             raise CommandError(f"worker processes exited with {codes}")
 
-    def _fork_workers(self, options: dict[str, Any], base_id: str) -> list[_Child]:
+    def _fork_workers(
+        self,
+        options: dict[str, Any],
+        base_id: str,
+        queues: list[str],
+        concurrency: int,
+        tenant: Tenant | None,
+    ) -> list[_Child]:
         # A forked child must not share this process's database connection: closed first,
         # each process opens its own.
         connections.close_all()
@@ -217,16 +234,22 @@ class Command(BaseCommand):
         for i in range(options["processes"]):
             pid = os.fork()
             if pid == 0:  # the child: one worker, then out without running the parent's code
-                os._exit(self._forked_worker({**options, "worker_id": f"{base_id}-{i}"}))
+                worker_options = {**options, "worker_id": f"{base_id}-{i}", "metrics_port": None}
+                os._exit(self._forked_worker(worker_options, queues, concurrency, tenant))
             children.append(_Forked(pid))
         return children
 
-    def _forked_worker(self, options: dict[str, Any]) -> int:
+    def _forked_worker(
+        self,
+        options: dict[str, Any],
+        queues: list[str],
+        concurrency: int,
+        tenant: Tenant | None,
+    ) -> int:
         """A forked child's worker (what ``runworker --processes 1`` runs); its exit code."""
         code = 0
         try:
-            options = {**options, "processes": 1, "metrics_port": None}
-            self.handle(**options)
+            self._run_worker(options, queues, concurrency, tenant)
         except CommandError as exc:
             self.stderr.write(f"CommandError: {exc}")
             code = exc.returncode
