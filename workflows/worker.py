@@ -3,7 +3,9 @@ keeps their leases alive, reaps the leases of workers that died, and sleeps unti
 due instant, a PostgreSQL NOTIFY or a segment's end -- whichever comes first.
 
 Waking up: a listener thread holds a dedicated connection in ``LISTEN cleat_wake`` and sets
-an event on every notification; finished segments and ``stop()`` set it too. The loop clears
+an event on every notification; ``stop()`` sets it too, and so does a finished segment when
+the claim has room (a segment that ends while claimed runs still wait for a thread is
+collected at the loop's next pass). The loop clears
 the event *before* each claim and sleeps on it afterwards, so a notification that arrives
 after a claim's snapshot (a run that claim could not see) ends the next sleep at once, even
 while other segments run: wake-ups are at least once, never a poll interval late. While the
@@ -26,8 +28,9 @@ import socket
 import threading
 import time
 import uuid
+from collections import deque
 from collections.abc import Callable, Iterator, Sequence
-from concurrent.futures import ALL_COMPLETED, FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
+from concurrent.futures import ALL_COMPLETED, Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any
@@ -234,6 +237,11 @@ class Worker:
         # Set by a finished segment and stop(): ends the sleep of a worker with no free slot.
         self._freed = threading.Event()
         self._inflight: dict[Future[SegmentReport], Claim] = {}
+        # Kept by the segments' callbacks: the futures done and not yet collected, and how
+        # many claimed runs have not finished (running or queued for a thread).
+        self._done: deque[Future[SegmentReport]] = deque()
+        self._unfinished = 0
+        self._unfinished_lock = threading.Lock()
         self.processed = 0
         self._listener: _PgListener | None = None
         self._next_invocation_check = 0.0
@@ -299,6 +307,9 @@ class Worker:
                     # seen by this claim or ends the sleep below at once.
                     self._wake.clear()
                     self._freed.clear()
+                    # The segments finished so far, before the free slots are counted: a
+                    # finished segment wakes the loop only when the claim has room.
+                    self._collect(block=False)
                     _tidy_connection()
                     self._clock.sync()
                     self._run_duties()  # before `now`: the claim takes the runs they started
@@ -323,6 +334,8 @@ class Worker:
                         _mark_fresh()
                     CLAIMED.inc(len(claims))
                     for claim in claims:
+                        with self._unfinished_lock:
+                            self._unfinished += 1
                         future = pool.submit(self._execute, claim)
                         self._inflight[future] = claim
                         future.add_done_callback(self._segment_finished)
@@ -443,8 +456,11 @@ class Worker:
     def _free_slots(self) -> int:
         """How many runs the next claim may take (see WorkerOptions.claim_ahead): none while
         claimed runs still wait for a thread, else enough to fill the threads and the queue."""
+        return self._free_for(len(self._inflight))
+
+    def _free_for(self, held: int) -> int:
+        """:meth:`_free_slots` with ``held`` runs claimed and not finished."""
         opts = self.options
-        held = len(self._inflight)
         ahead = opts.concurrency if opts.claim_ahead is None else max(0, opts.claim_ahead)
         free = 0 if held > opts.concurrency else opts.concurrency + ahead - held
         if opts.max_segments is not None:
@@ -464,11 +480,20 @@ class Worker:
                 log.exception("event=release_failed run=%s", claim.id)
         INFLIGHT.set(len(self._inflight))
 
-    def _segment_finished(self, _future: Future[SegmentReport]) -> None:
-        """A segment's end (on its pool thread): a slot is free, and the run it finalized
-        may have made others due."""
-        self._freed.set()
-        self._wake.set()
+    def _segment_finished(self, future: Future[SegmentReport]) -> None:
+        """A segment's end (on its pool thread, or a queued run's cancellation): it is
+        collected by the loop, which is woken only when it can act on it -- a claim has room
+        now (a slot is free, and the run it finalized may have made others due), the last
+        run finished, or a segment limit is set. With runs still queued for the threads (the
+        claim-ahead), a finished segment frees no room for a claim: waking the loop for each
+        of them cost a context switch and a loop pass per run for nothing."""
+        self._done.append(future)
+        with self._unfinished_lock:
+            self._unfinished -= 1
+            left = self._unfinished
+        if left == 0 or self.options.max_segments is not None or self._free_for(left) > 0:
+            self._freed.set()
+            self._wake.set()
 
     def _execute(self, claim: Claim) -> SegmentReport:
         _tidy_connection()
@@ -484,17 +509,21 @@ class Worker:
         return report
 
     def _collect(self, block: bool) -> None:
+        """Count and record the finished segments: those the callbacks queued, or with
+        ``block`` every segment in flight once all are done."""
         if not self._inflight:
             return
-        done, _ = wait(
-            list(self._inflight),
-            timeout=None if block else 0,
-            return_when=ALL_COMPLETED if block else FIRST_COMPLETED,
-        )
+        done: list[Future[SegmentReport]] = []
+        if block:
+            done = list(wait(list(self._inflight), return_when=ALL_COMPLETED).done)
+        while self._done:
+            done.append(self._done.popleft())
         for future in done:
             if future.cancelled():
                 continue  # stopping: _release_queued gives its run back
-            claim = self._inflight.pop(future)
+            claim = self._inflight.pop(future, None)
+            if claim is None:
+                continue  # collected already (listed by the wait and queued by its callback)
             self.processed += 1
             try:
                 report = future.result()

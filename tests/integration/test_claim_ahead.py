@@ -94,3 +94,48 @@ def test_by_default_a_worker_claims_for_idle_threads_only() -> None:
     worker = Worker(WorkerOptions(concurrency=4))
     worker._inflight = {Future(): None for _ in range(3)}  # type: ignore[misc]
     assert worker._free_slots() == 1
+
+
+def _finished(worker: Any) -> bool:
+    """One claimed run's segment ends (its future done, its callback run); whether the
+    callback woke the loop."""
+    worker._freed.clear()
+    worker._wake.clear()
+    future: Future[Any] = Future()
+    future.add_done_callback(worker._segment_finished)
+    future.set_result(None)
+    assert worker._done[-1] is future  # queued for the loop to collect, woken or not
+    return bool(worker._freed.is_set() and worker._wake.is_set())
+
+
+def test_a_finished_segment_wakes_the_loop_only_when_a_claim_has_room() -> None:
+    """Four threads, four runs queued ahead, all eight claimed: the first three segments to
+    end leave runs waiting for a thread, so no claim could take anything and the loop sleeps
+    on; the fourth leaves room for a claim and wakes it. (Each end woke the loop before: a
+    context switch and a loop pass per run, about 5% of the worker's CPU per step.)"""
+    from workflows.worker import Worker, WorkerOptions
+
+    worker = Worker(WorkerOptions(concurrency=4, claim_ahead=4))
+    worker._unfinished = 8
+    assert [_finished(worker) for _ in range(3)] == [False, False, False]
+    assert _finished(worker) is True  # 4 left: the claim may take 4
+    assert _finished(worker) is True  # and more from here on
+    assert len(worker._done) == 5
+
+
+@pytest.mark.parametrize(
+    ("options", "unfinished"),
+    [
+        ({"claim_ahead": 0}, 4),  # no queue: every end frees a thread
+        ({"claim_ahead": 4, "max_segments": 100}, 8),  # the loop counts toward its limit
+        ({"claim_ahead": 4}, 1),  # the last run: a burst worker may stop
+    ],
+)
+def test_a_finished_segment_wakes_the_loop_when_it_must(
+    options: dict[str, Any], unfinished: int
+) -> None:
+    from workflows.worker import Worker, WorkerOptions
+
+    worker = Worker(WorkerOptions(concurrency=4, **options))
+    worker._unfinished = unfinished
+    assert _finished(worker) is True
