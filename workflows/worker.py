@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import contextlib
 import gc
+import itertools
 import logging
 import os
 import signal
@@ -232,16 +233,20 @@ class Worker:
     def __init__(self, options: WorkerOptions) -> None:
         self.options = options
         self._stop = threading.Event()
-        # Set by a NOTIFY, a finished segment and stop(): ends the idle sleep.
+        # Set by a NOTIFY, stop() and a finished segment that leaves room for a claim: ends
+        # the idle sleep.
         self._wake = threading.Event()
-        # Set by a finished segment and stop(): ends the sleep of a worker with no free slot.
+        # Set by stop() and a finished segment that leaves room for a claim: ends the sleep
+        # of a worker with no free slot.
         self._freed = threading.Event()
         self._inflight: dict[Future[SegmentReport], Claim] = {}
-        # Kept by the segments' callbacks: the futures done and not yet collected, and how
-        # many claimed runs have not finished (running or queued for a thread).
+        # The futures done and not yet collected (appended by their callbacks); the runs
+        # handed to the pool (written by the loop alone) and, counted by the callbacks, the
+        # segments finished: no lock, so that a callback run by stop() in a signal handler
+        # never waits for one its own thread holds.
         self._done: deque[Future[SegmentReport]] = deque()
-        self._unfinished = 0
-        self._unfinished_lock = threading.Lock()
+        self._submitted = 0
+        self._finished = itertools.count(1)  # next() is atomic
         self.processed = 0
         self._listener: _PgListener | None = None
         self._next_invocation_check = 0.0
@@ -334,9 +339,12 @@ class Worker:
                         _mark_fresh()
                     CLAIMED.inc(len(claims))
                     for claim in claims:
-                        with self._unfinished_lock:
-                            self._unfinished += 1
-                        future = pool.submit(self._execute, claim)
+                        self._submitted += 1  # before the submit: its callback may run first
+                        try:
+                            future = pool.submit(self._execute, claim)
+                        except BaseException:
+                            self._submitted -= 1
+                            raise
                         self._inflight[future] = claim
                         future.add_done_callback(self._segment_finished)
                     INFLIGHT.set(len(self._inflight))
@@ -483,15 +491,15 @@ class Worker:
     def _segment_finished(self, future: Future[SegmentReport]) -> None:
         """A segment's end (on its pool thread, or a queued run's cancellation): it is
         collected by the loop, which is woken only when it can act on it -- a claim has room
-        now (a slot is free, and the run it finalized may have made others due), the last
-        run finished, or a segment limit is set. With runs still queued for the threads (the
-        claim-ahead), a finished segment frees no room for a claim: waking the loop for each
-        of them cost a context switch and a loop pass per run for nothing."""
+        now (a slot is free, and the run it finalized may have made others due; the last
+        run's end always leaves room), or a segment limit is set. With runs still queued for
+        the threads (the claim-ahead), a finished segment frees no room for a claim: waking
+        the loop for each of them cost a context switch and a loop pass per run for
+        nothing. A count read while the loop submits may be one run behind: the loop is then
+        woken once more, never once less."""
         self._done.append(future)
-        with self._unfinished_lock:
-            self._unfinished -= 1
-            left = self._unfinished
-        if left == 0 or self.options.max_segments is not None or self._free_for(left) > 0:
+        left = self._submitted - next(self._finished)
+        if self.options.max_segments is not None or self._free_for(left) > 0:
             self._freed.set()
             self._wake.set()
 
@@ -509,38 +517,41 @@ class Worker:
         return report
 
     def _collect(self, block: bool) -> None:
-        """Count and record the finished segments: those the callbacks queued, or with
-        ``block`` every segment in flight once all are done."""
+        """Count and record the finished segments: those the callbacks queued, and with
+        ``block`` every segment in flight once all are done. One at a time off the queue: an
+        error while recording one leaves the others queued for the next pass."""
         if not self._inflight:
             return
-        done: list[Future[SegmentReport]] = []
         if block:
-            done = list(wait(list(self._inflight), return_when=ALL_COMPLETED).done)
+            for future in wait(list(self._inflight), return_when=ALL_COMPLETED).done:
+                self._collect_one(future)
         while self._done:
-            done.append(self._done.popleft())
-        for future in done:
-            if future.cancelled():
-                continue  # stopping: _release_queued gives its run back
-            claim = self._inflight.pop(future, None)
-            if claim is None:
-                continue  # collected already (listed by the wait and queued by its callback)
-            self.processed += 1
-            try:
-                report = future.result()
-            except Exception:
-                SEGMENTS.labels("error").inc()
-                log.exception("event=segment_crashed run=%s", claim.id)
-                continue
-            record_segment(report)
-            self._steps_total += report.steps
+            self._collect_one(self._done.popleft())
         INFLIGHT.set(len(self._inflight))
 
+    def _collect_one(self, future: Future[SegmentReport]) -> None:
+        if future.cancelled():
+            return  # stopping: _release_queued gives its run back
+        claim = self._inflight.pop(future, None)
+        if claim is None:
+            return  # collected already (listed by the wait and queued by its callback)
+        self.processed += 1
+        try:
+            report = future.result()
+        except Exception:
+            SEGMENTS.labels("error").inc()
+            log.exception("event=segment_crashed run=%s", claim.id)
+            return
+        record_segment(report)
+        self._steps_total += report.steps
+
     def _idle(self, now: Any, claims: Sequence[Claim] = ()) -> None:
-        """Sleep until the next run is due, a NOTIFY arrives, a segment finishes, a duty's
-        next instant, or the poll interval passes -- whichever comes first. With no free
-        slot a NOTIFY cannot be acted on: sleep until a segment finishes instead (the
-        notified run is claimed then). When the next run falls due comes with the claim's
-        message where it can (``Claims.next_due``, PostgreSQL), else it is asked here."""
+        """Sleep until the next run is due, a NOTIFY arrives, a segment's end leaves room for
+        a claim, a duty's next instant, or the poll interval passes -- whichever comes
+        first. With no free slot a NOTIFY cannot be acted on: sleep until a segment's end
+        leaves room instead (the notified run is claimed then). When the next run falls due
+        comes with the claim's message where it can (``Claims.next_due``, PostgreSQL), else
+        it is asked here."""
         opts = self.options
         timeout = opts.poll_interval_s
         for name, duty in self._duties:  # wake for a duty's next instant too

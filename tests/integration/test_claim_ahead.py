@@ -116,7 +116,7 @@ def test_a_finished_segment_wakes_the_loop_only_when_a_claim_has_room() -> None:
     from workflows.worker import Worker, WorkerOptions
 
     worker = Worker(WorkerOptions(concurrency=4, claim_ahead=4))
-    worker._unfinished = 8
+    worker._submitted = 8
     assert [_finished(worker) for _ in range(3)] == [False, False, False]
     assert _finished(worker) is True  # 4 left: the claim may take 4
     assert _finished(worker) is True  # and more from here on
@@ -129,6 +129,7 @@ def test_a_finished_segment_wakes_the_loop_only_when_a_claim_has_room() -> None:
         ({"claim_ahead": 0}, 4),  # no queue: every end frees a thread
         ({"claim_ahead": 4, "max_segments": 100}, 8),  # the loop counts toward its limit
         ({"claim_ahead": 4}, 1),  # the last run: a burst worker may stop
+        ({"claim_ahead": 4}, 4),  # a thread free: a claim may take one (and the queue)
     ],
 )
 def test_a_finished_segment_wakes_the_loop_when_it_must(
@@ -137,5 +138,69 @@ def test_a_finished_segment_wakes_the_loop_when_it_must(
     from workflows.worker import Worker, WorkerOptions
 
     worker = Worker(WorkerOptions(concurrency=4, **options))
-    worker._unfinished = unfinished
+    worker._submitted = unfinished
     assert _finished(worker) is True
+
+
+class _Report:
+    steps = 1
+
+
+def _collecting_worker(monkeypatch: Any, fail_first: bool = False) -> tuple[Any, list[Any]]:
+    """A worker whose recorded segments go to a list (the first record raising, if asked)."""
+    from workflows import worker as worker_module
+    from workflows.worker import Worker, WorkerOptions
+
+    recorded: list[Any] = []
+
+    def record(report: Any) -> None:
+        recorded.append(report)
+        if fail_first and len(recorded) == 1:
+            raise RuntimeError("the log handler failed")
+
+    monkeypatch.setattr(worker_module, "record_segment", record)
+    return Worker(WorkerOptions(concurrency=4, claim_ahead=4)), recorded
+
+
+def _segment(worker: Any) -> Future[Any]:
+    future: Future[Any] = Future()
+    worker._inflight[future] = object()
+    worker._submitted += 1
+    future.add_done_callback(worker._segment_finished)
+    return future
+
+
+def test_a_segment_listed_by_the_final_wait_and_queued_is_counted_once(monkeypatch: Any) -> None:
+    worker, recorded = _collecting_worker(monkeypatch)
+    future = _segment(worker)
+    future.set_result(_Report())  # its callback queues it
+    worker._collect(block=True)  # the wait lists it too
+    assert worker.processed == 1
+    assert len(recorded) == 1
+    assert not worker._inflight and not worker._done
+
+
+def test_a_failed_record_leaves_the_other_segments_for_the_next_pass(monkeypatch: Any) -> None:
+    worker, recorded = _collecting_worker(monkeypatch, fail_first=True)
+    futures = [_segment(worker) for _ in range(3)]
+    for future in futures:
+        future.set_result(_Report())
+    with pytest.raises(RuntimeError):
+        worker._collect(block=False)  # the loop logs it and goes on
+    worker._collect(block=False)
+    assert worker.processed == 3
+    assert len(recorded) == 3
+    assert not worker._inflight
+
+
+def test_cancelled_runs_are_counted_finished_and_left_to_be_given_back(monkeypatch: Any) -> None:
+    worker, recorded = _collecting_worker(monkeypatch)
+    futures = [_segment(worker) for _ in range(8)]
+    for future in futures[4:7]:
+        assert future.cancel()  # stop(): the runs queued for a thread
+    assert not worker._freed.is_set()  # 5 unfinished: no room yet
+    assert futures[7].cancel()
+    assert worker._freed.is_set()  # 4 unfinished: each cancelled run counted finished
+    worker._collect(block=False)
+    assert worker.processed == 0 and recorded == []
+    assert len(worker._inflight) == 8  # _release_queued gives the cancelled ones back
