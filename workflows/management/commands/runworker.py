@@ -9,6 +9,7 @@ import signal
 import subprocess
 import sys
 import threading
+from dataclasses import replace
 from typing import Any, Protocol
 
 from django.core import checks
@@ -137,35 +138,29 @@ class Command(BaseCommand):
             tracing.tracer()  # a bad CLEAT_TRACING (or OTLP without its package) stops here
         except ImproperlyConfigured as exc:
             raise CommandError(str(exc)) from None
+        # What every worker of this command runs with (a forked one too, its id suffixed).
+        worker_options = WorkerOptions(
+            worker_id=options["worker_id"] or default_worker_id(),
+            task_queues=queues,
+            concurrency=concurrency,
+            tenant=tenant.id if tenant else None,
+            poll_interval_s=options["poll_interval"],
+            lease_s=options["lease"],
+            burst=options["burst"],
+            claim_ahead=options["claim_ahead"],
+        )
         if options["processes"] > 1:
-            self._supervise(options, queues, concurrency, tenant)
+            self._supervise(options, worker_options)
             return
-        self._run_worker(options, queues, concurrency, tenant)
+        self._run_worker(options, worker_options)
 
-    def _run_worker(
-        self,
-        options: dict[str, Any],
-        queues: list[str],
-        concurrency: int,
-        tenant: Tenant | None,
-    ) -> None:
+    def _run_worker(self, options: dict[str, Any], worker_options: WorkerOptions) -> None:
         """This process's worker, until it is told to stop (or, with --burst, idle)."""
         if options["metrics_port"]:
             from prometheus_client import start_http_server
 
             start_http_server(options["metrics_port"])
-        worker = Worker(
-            WorkerOptions(
-                worker_id=options["worker_id"] or default_worker_id(),
-                task_queues=queues,
-                concurrency=concurrency,
-                tenant=tenant.id if tenant else None,
-                poll_interval_s=options["poll_interval"],
-                lease_s=options["lease"],
-                burst=options["burst"],
-                claim_ahead=options["claim_ahead"],
-            )
-        )
+        worker = Worker(worker_options)
         worker.install_signal_handlers()
         try:
             processed = worker.run()
@@ -174,13 +169,7 @@ class Command(BaseCommand):
         if options["burst"]:
             self.stdout.write(f"processed {processed} segment(s)")
 
-    def _supervise(
-        self,
-        options: dict[str, Any],
-        queues: list[str],
-        concurrency: int,
-        tenant: Tenant | None,
-    ) -> None:
+    def _supervise(self, options: dict[str, Any], worker_options: WorkerOptions) -> None:
         """Start N single-process workers and forward SIGTERM/SIGINT to them.
 
         Each is a fork of this process where that is safe (a POSIX system, and no thread
@@ -189,12 +178,10 @@ class Command(BaseCommand):
         worker with what this process found (queues, threads, tenant) instead of checking
         the database and the settings again. Elsewhere each is a new ``runworker
         --processes 1`` process."""
-        base_id = options["worker_id"] or default_worker_id()
+        base_id = worker_options.worker_id
         forked = hasattr(os, "fork") and threading.active_count() == 1
         if forked:
-            children: list[_Child] = self._fork_workers(
-                options, base_id, queues, concurrency, tenant
-            )
+            children: list[_Child] = self._fork_workers(options, worker_options)
         else:
             children = [
                 self._spawn_worker(options, f"{base_id}-{i}") for i in range(options["processes"])
@@ -217,14 +204,7 @@ class Command(BaseCommand):
         if any(codes):
             raise CommandError(f"worker processes exited with {codes}")
 
-    def _fork_workers(
-        self,
-        options: dict[str, Any],
-        base_id: str,
-        queues: list[str],
-        concurrency: int,
-        tenant: Tenant | None,
-    ) -> list[_Child]:
+    def _fork_workers(self, options: dict[str, Any], worker_options: WorkerOptions) -> list[_Child]:
         # A forked child must not share this process's database connection: closed first,
         # each process opens its own.
         connections.close_all()
@@ -234,22 +214,16 @@ class Command(BaseCommand):
         for i in range(options["processes"]):
             pid = os.fork()
             if pid == 0:  # the child: one worker, then out without running the parent's code
-                worker_options = {**options, "worker_id": f"{base_id}-{i}", "metrics_port": None}
-                os._exit(self._forked_worker(worker_options, queues, concurrency, tenant))
+                child = replace(worker_options, worker_id=f"{worker_options.worker_id}-{i}")
+                os._exit(self._forked_worker({**options, "metrics_port": None}, child))
             children.append(_Forked(pid))
         return children
 
-    def _forked_worker(
-        self,
-        options: dict[str, Any],
-        queues: list[str],
-        concurrency: int,
-        tenant: Tenant | None,
-    ) -> int:
+    def _forked_worker(self, options: dict[str, Any], worker_options: WorkerOptions) -> int:
         """A forked child's worker (what ``runworker --processes 1`` runs); its exit code."""
         code = 0
         try:
-            self._run_worker(options, queues, concurrency, tenant)
+            self._run_worker(options, worker_options)
         except CommandError as exc:
             self.stderr.write(f"CommandError: {exc}")
             code = exc.returncode
