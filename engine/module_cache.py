@@ -72,6 +72,8 @@ class ModuleCache:
         self._entries: OrderedDict[str, LoadedModule] = OrderedDict()
         self._touched: dict[str, float] = {}  # sha -> monotonic time its artifact was touched
         self._lock = threading.Lock()
+        # sha -> the lock of the thread loading it (get_or_fetch), while it loads.
+        self._loading: dict[str, threading.Lock] = {}
         self.hits = 0
         self.disk_hits = 0
         self.misses = 0
@@ -186,6 +188,30 @@ class ModuleCache:
             while len(self._entries) > self._size:
                 self._entries.popitem(last=False)
         return loaded
+
+    def get_or_fetch(self, sha: str, fetch: Callable[[], bytes]) -> LoadedModule:
+        """The compiled module for ``sha``: from memory, else loaded by one thread however
+        many ask for it at once. Only that thread calls ``fetch`` for the module's bytes (a
+        Python workflow's are about 20 MB, read from the database) and reads the artifact or
+        compiles it; the others wait for it and then find the module in memory. Without it,
+        each of a worker's threads whose first segment ran a version not yet in memory
+        fetched the bytes, and where no artifact was cached compiled the same module: eight
+        threads, eight compiles of seconds each on the same cores."""
+        found = self.peek(sha)
+        if found is not None:
+            return found
+        with self._lock:
+            loading = self._loading.setdefault(sha, threading.Lock())
+        with loading:
+            try:
+                found = self.peek(sha)
+                if found is not None:
+                    return found
+                return self.get(fetch(), sha)
+            finally:
+                with self._lock:
+                    if self._loading.get(sha) is loading:
+                        del self._loading[sha]
 
     def _load(self, wasm: bytes, sha: str) -> LoadedModule:
         """Loaded by the backend of the module's kind (core module or component): from the

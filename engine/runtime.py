@@ -115,6 +115,12 @@ class WasmRuntime:
     def load(self, wasm: bytes, sha: str | None = None) -> LoadedModule:
         return self.modules.get(wasm, sha)
 
+    def load_once(self, sha: str, fetch: Callable[[], bytes]) -> LoadedModule:
+        """The module of ``sha``, its bytes fetched (``fetch``) only when it is not in
+        memory, and loaded by one thread when several ask at once
+        (:meth:`ModuleCache.get_or_fetch`)."""
+        return self.modules.get_or_fetch(sha, fetch)
+
     # --- running ---
 
     def run_segment(

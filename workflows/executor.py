@@ -154,15 +154,16 @@ def _execute_claim(
     if missing is not None:
         return _fail_key_missing(claim, worker_id, missing, clock, started)
     runtime = get_runtime()
-    module = runtime.modules.peek(loaded.sha256)
-    if module is None:
-        try:
-            module = runtime.load(load_wasm(claim.tenant_id, loaded.definition_id), loaded.sha256)
-        except InvalidModule as exc:
-            # Stored bytes that do not load (a corrupted row) fail this run with a clear code,
-            # instead of crashing the segment and leaving the run `running` until its lease
-            # expires -- and then again after every reap.
-            return _fail_unloadable(loaded, exc, clock, started)
+    try:
+        # The bytes are read only when the module is not in memory, by one thread at a time.
+        module = runtime.load_once(
+            loaded.sha256, lambda: load_wasm(claim.tenant_id, loaded.definition_id)
+        )
+    except InvalidModule as exc:
+        # Stored bytes that do not load (a corrupted row) fail this run with a clear code,
+        # instead of crashing the segment and leaving the run `running` until its lease
+        # expires -- and then again after every reap.
+        return _fail_unloadable(loaded, exc, clock, started)
     instance = loaded.instance
     run = RunInfo(
         ref=loaded.ref,

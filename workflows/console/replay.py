@@ -198,6 +198,19 @@ def _parsed(state: dict[str, str]) -> dict[str, Any]:
     return parsed
 
 
+def _wasm(instance: WorkflowInstance) -> bytes:
+    """The bytes of the run's definition, read only when its module is not in memory."""
+    wasm = (
+        of_tenant(WorkflowDefinition, instance.tenant_id)
+        .filter(id=instance.definition_id)
+        .values_list("wasm", flat=True)
+        .first()
+    )
+    if wasm is None:
+        raise InvalidModule("the run's definition is gone")
+    return bytes(wasm)
+
+
 def state_at_step(instance: WorkflowInstance, step: int) -> StateAtStep:
     """Replay ``instance`` (read in the caller's tenant context) to its first ``step`` events."""
     try:
@@ -210,7 +223,7 @@ def state_at_step(instance: WorkflowInstance, step: int) -> StateAtStep:
     definition = (
         of_tenant(WorkflowDefinition, instance.tenant_id)
         .filter(id=instance.definition_id)
-        .values("sha256", "wasm")
+        .values("sha256")
         .first()
     )
     if definition is None:
@@ -220,9 +233,7 @@ def state_at_step(instance: WorkflowInstance, step: int) -> StateAtStep:
     except ReplaySettingError as exc:
         return StateAtStep(step, total, {}, f"the replay is not configured: {exc}", error=True)
     try:
-        module = runtime.modules.peek(definition["sha256"]) or runtime.load(
-            bytes(definition["wasm"]), definition["sha256"]
-        )
+        module = runtime.load_once(definition["sha256"], lambda: _wasm(instance))
     except InvalidModule as exc:
         return StateAtStep(step, total, {}, f"the module does not load: {exc}", error=True)
     run = RunInfo(

@@ -6,6 +6,7 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import os
+import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -96,6 +97,52 @@ def test_least_recently_used_module_is_evicted_at_size(make_runtime: Any) -> Non
     rt.load(b)
     assert (rt.modules.hits, rt.modules.misses) == (2, 4), "b should have been evicted"
     assert completes_with(rt, b, 2)
+
+
+def test_threads_asking_for_a_new_module_at_once_fetch_and_compile_it_once(
+    make_runtime: Any, tmp_path: Path
+) -> None:
+    """A version's first segments on a worker's eight threads: one thread fetches the bytes
+    and compiles them; the others wait for it and get the same module from memory."""
+    rt = make_runtime(module_cache_dir=tmp_path)
+    wasm = numbered_module(7)
+    sha = hashlib.sha256(wasm).hexdigest()
+    fetches: list[int] = []
+    start = threading.Barrier(8)
+    got: list[Any] = []
+
+    def fetch() -> bytes:
+        fetches.append(1)
+        time.sleep(0.05)  # the database read: the other threads ask meanwhile
+        return wasm
+
+    def segment() -> None:
+        start.wait()
+        got.append(rt.load_once(sha, fetch))
+
+    threads = [threading.Thread(target=segment) for _ in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert len(fetches) == 1
+    assert (rt.modules.misses, rt.modules.disk_hits) == (1, 0)
+    assert len(got) == 8 and all(module is got[0] for module in got)
+    assert completes_with(rt, wasm, 7)
+
+
+def test_a_module_in_memory_is_not_fetched_and_a_failed_load_is_tried_again(
+    make_runtime: Any,
+) -> None:
+    """No read of the bytes for a module in memory; a load that failed (bytes that are not a
+    module) leaves the next segment to try again, and then to succeed."""
+    rt = make_runtime()
+    wasm = numbered_module(8)
+    sha = hashlib.sha256(wasm).hexdigest()
+    with pytest.raises(InvalidModule):
+        rt.load_once(sha, lambda: b"not wasm")
+    assert rt.load_once(sha, lambda: wasm) is rt.load_once(sha, lambda: pytest.fail("fetched"))
+    assert rt.modules.misses == 1
 
 
 # --- backends by module kind ---------------------------------------------------------------
