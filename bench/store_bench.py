@@ -4,7 +4,7 @@ and pgbench on the same server.
 Run it from the repository root (PostgreSQL reachable as a superuser, ``pgbench`` on PATH;
 ``pip install -r bench/requirements.txt`` for the DBOS comparison)::
 
-    .venv/bin/python -m bench.store_bench                       # everything, about 5 minutes
+    .venv/bin/python -m bench.store_bench                       # everything, about 7 minutes
     .venv/bin/python -m bench.store_bench --no-dbos --latency-runs 50
     .venv/bin/python -m bench.store_bench --only profile        # where one step's time goes
     .venv/bin/python -m bench.store_bench --only breakdown      # where a start -> done goes
@@ -20,9 +20,11 @@ What it does (``bench/README.md``, section "Store benchmark", has the details):
    (N = 1, then 2; the tables are emptied in between);
 3. latency: a long-running ``runworker`` (LISTEN/NOTIFY) and ~200 sequential starts of a
    one-step workflow, each awaited; ``completed_at - created_at`` of the rows;
-4. the same throughput workload on DBOS Transact (``bench/dbos_workload.py``, its own
+4. the same throughput workload as a Python workflow (``python_bench``'s ``STEPS_PY``,
+   deployed as ``bench_steps_py``), one process, against the core module's figure;
+5. the same throughput workload on DBOS Transact (``bench/dbos_workload.py``, its own
    database) and pgbench's single-client one-row INSERT rate on a one-table database;
-5. a final table with the goals. ``--only profile`` runs segments in this process, one after
+6. a final table with the goals. ``--only profile`` runs segments in this process, one after
    another, and prints the SQL each step issues and a cProfile summary. ``--only breakdown``
    runs the latency workload against a worker whose loop is wrapped with timing hooks and
    prints each phase of a start -> done (the start's commit, the NOTIFY, the claim, the
@@ -75,6 +77,8 @@ GOAL_VS_PGBENCH = 1.0  # cleat steps/s per worker process / pgbench inserts/s
 GOAL_P50_MS = 5.0
 GOAL_P99_MS = 15.0
 GOAL_SCALING = 1.3  # steps/s of two worker processes / one's
+GOAL_PYTHON_VS_WAT = 0.5  # steps/s of the 10-step workload as Python / as a core module
+PYTHON_DEFINITION = "bench_steps_py"
 
 
 def echo(request: Any, *, idempotency_key: str, context: Any) -> dict[str, Any]:
@@ -155,6 +159,8 @@ class Cleat:
     # "wat": the steps workload as a core module; "python": as a Python workflow
     # (python_bench's STEPS_PY), deployed under the same name.
     workload: str = "wat"
+    # Also deploy the workload as a Python workflow under PYTHON_DEFINITION.
+    python_too: bool = False
 
     def prepare(self) -> None:
         """Create and migrate the database (as the owner); configure Django in this process
@@ -196,10 +202,14 @@ class Cleat:
         from workflows.services import get_tenant
 
         self.tenant = get_tenant(str(DEFAULT_TENANT_ID))
-        if self.workload == "python":
+        if self.workload == "python" or self.python_too:
             from bench.python_bench import build_steps_component
 
-            deploy_definition(self.tenant, "bench_steps", build_steps_component()[0])
+            component = build_steps_component()[0]
+            if self.python_too:
+                deploy_definition(self.tenant, PYTHON_DEFINITION, component)
+        if self.workload == "python":
+            deploy_definition(self.tenant, "bench_steps", component)
         else:
             deploy_definition(self.tenant, "bench_steps", wasmtime.wat2wasm(STEPS_WAT))
 
@@ -241,11 +251,11 @@ class Cleat:
         for table in ("workflows_workflowinstance", "workflows_workflowevent"):
             self.server.psql(self.db, f"ANALYZE {table}")
 
-    def start_many(self, count: int, steps: int) -> None:
+    def start_many(self, count: int, steps: int, definition: str = "bench_steps") -> None:
         from workflows.services import start_workflow
 
         for _ in range(count):
-            start_workflow(self.tenant, "bench_steps", steps)
+            start_workflow(self.tenant, definition, steps)
 
     def runworker(
         self, *args: str, log: str, env: dict[str, str] | None = None
@@ -353,13 +363,18 @@ def children_cpu_seconds() -> float:
 
 
 def cleat_throughput(
-    cleat: Cleat, workflows: int, steps: int, processes: int, concurrency: int
+    cleat: Cleat,
+    workflows: int,
+    steps: int,
+    processes: int,
+    concurrency: int,
+    definition: str = "bench_steps",
 ) -> Throughput:
     from django.db import connections
     from django.utils import timezone
 
     cleat.reset()
-    cleat.start_many(workflows, steps)
+    cleat.start_many(workflows, steps, definition)
     connections.close_all()
     cleat.analyze()
     database_cpu, worker_cpu = database_cpu_seconds(), children_cpu_seconds()
@@ -372,7 +387,7 @@ def cleat_throughput(
         "--claim-ahead",
         str(concurrency),
         "--burst",
-        log=f"cleat-throughput-p{processes}-c{concurrency}.log",
+        log=f"{definition}-throughput-p{processes}-c{concurrency}.log",
     )
     code = proc.wait(timeout=1800)
     database_cpu = database_cpu_seconds() - database_cpu
@@ -386,7 +401,7 @@ def cleat_throughput(
     )
     last = info["last_done"] or timezone.now()
     return Throughput(
-        "cleat",
+        "cleat-py" if definition == PYTHON_DEFINITION else "cleat",
         processes,
         concurrency,
         workflows,
@@ -982,6 +997,7 @@ def print_table(
     dbos_runs: Sequence[Throughput],
     latency: Latency | None,
     pgbench: float | None,
+    python_runs: Sequence[Throughput] = (),
 ) -> None:
     print("\n== store benchmark: results")
     print(
@@ -994,7 +1010,7 @@ def print_table(
         f"{'wf/s':>7} {'steps/s/proc':>12} {'busy steps/s':>12}  check"
     )
     print(head)
-    for t in [*cleat_runs, *dbos_runs]:
+    for t in [*cleat_runs, *python_runs, *dbos_runs]:
         print(
             f"   {t.system:7} {t.processes:4d} {t.concurrency:4d} {t.wall_s:7.2f} "
             f"{t.steps_per_s:8.0f} {t.workflows_per_s:7.1f} {t.steps_per_s / t.processes:12.0f} "
@@ -1041,6 +1057,17 @@ def print_table(
             f"   cleat 2 procs / 1 proc, steps/s from the first claim  {ratio:6.2f}x "
             f"({two.busy_steps_per_s:.0f}/{one.busy_steps_per_s:.0f})"
             f"  >= {GOAL_SCALING:.1f}x  {'yes' if ratio >= GOAL_SCALING else 'NO'}"
+        )
+    for py in python_runs:
+        wat = by_proc.get(py.processes)
+        if wat is None:
+            continue
+        ratio = py.steps_per_s / wat.steps_per_s
+        met = "yes" if ratio >= GOAL_PYTHON_VS_WAT else "NO"
+        print(
+            f"   Python / WAT steps/s, {py.processes} proc{'s' if py.processes > 1 else ' '}"
+            f"{'':21} {ratio * 100:6.1f}% ({py.steps_per_s:.0f}/{wat.steps_per_s:.0f})"
+            f"  >= {GOAL_PYTHON_VS_WAT * 100:.0f}%   {met}"
         )
     if latency is not None:
         p50, p99 = latency.pct(50), latency.pct(99)
@@ -1141,6 +1168,12 @@ def main(argv: Sequence[str] | None = None) -> None:
         help="the steps workflow as a core module (WAT) or a Python workflow; the worker's "
         "environment (CLEAT_READY_INSTANCES, ...) comes from this one",
     )
+    parser.add_argument(
+        "--python-processes",
+        default="1",
+        help="worker process counts of the Python throughput workload (compared with the "
+        "core module's run of the same count)",
+    )
     parser.add_argument("--latency-runs", type=int, default=200)
     parser.add_argument("--dbos", action=argparse.BooleanOptionalAction, default=True)
     parser.add_argument("--dbos-concurrency", type=int, default=None, help="default: --concurrency")
@@ -1150,6 +1183,7 @@ def main(argv: Sequence[str] | None = None) -> None:
         "--only",
         choices=[
             "throughput",
+            "python-throughput",
             "latency",
             "dbos",
             "pgbench",
@@ -1180,7 +1214,9 @@ def main(argv: Sequence[str] | None = None) -> None:
     if args.trace_worker:  # the worker process of `--only breakdown`
         trace_worker(args.trace_worker, args.concurrency)
         return
-    parts = set(args.only or ["throughput", "latency", "dbos", "pgbench"])
+    parts = set(args.only or ["throughput", "python-throughput", "latency", "dbos", "pgbench"])
+    if args.workload == "python":
+        parts.discard("python-throughput")  # the workload is Python already
     if not args.dbos:
         parts.discard("dbos")
 
@@ -1202,12 +1238,27 @@ def main(argv: Sequence[str] | None = None) -> None:
         f"fsync={server.setting('fsync')}; load average {_load()}; logs in {logdir}"
     )
     cleat_runs: list[Throughput] = []
+    python_runs: list[Throughput] = []
     dbos_runs: list[Throughput] = []
     latency: Latency | None = None
     pgbench: float | None = None
     with _databases(server, list(names.values()), args.keep):
-        needs_cleat = parts & {"throughput", "latency", "profile", "breakdown", "python-latency"}
-        cleat = Cleat(server, names["cleat"], args.conn_max_age, logdir, workload=args.workload)
+        needs_cleat = parts & {
+            "throughput",
+            "python-throughput",
+            "latency",
+            "profile",
+            "breakdown",
+            "python-latency",
+        }
+        cleat = Cleat(
+            server,
+            names["cleat"],
+            args.conn_max_age,
+            logdir,
+            workload=args.workload,
+            python_too="python-throughput" in parts,
+        )
         if needs_cleat:
             cleat.prepare()
             cleat.set_encryption(args.encryption == "on")
@@ -1226,6 +1277,20 @@ def main(argv: Sequence[str] | None = None) -> None:
                     f"cleat  {n} proc x {args.concurrency}: {t.wall_s:.2f} s, "
                     f"{t.steps_per_s:.0f} steps/s, {t.workflows_per_s:.1f} wf/s "
                     f"(from first claim: {t.busy_steps_per_s:.0f} steps/s) "
+                    f"{'ok' if t.ok else 'FAILED ' + t.note} [load {_load()}]\n"
+                    f"       CPU per step: worker {t.worker_cpu_s / t.total_steps * 1e3:.3f} ms, "
+                    f"database {t.database_cpu_s / t.total_steps * 1e3:.3f} ms",
+                    flush=True,
+                )
+        if "python-throughput" in parts:
+            for n in _ints(args.python_processes):
+                t = cleat_throughput(
+                    cleat, args.workflows, args.steps, n, args.concurrency, PYTHON_DEFINITION
+                )
+                python_runs.append(t)
+                print(
+                    f"python {n} proc x {args.concurrency}: {t.wall_s:.2f} s, "
+                    f"{t.steps_per_s:.0f} steps/s (from first claim: {t.busy_steps_per_s:.0f}) "
                     f"{'ok' if t.ok else 'FAILED ' + t.note} [load {_load()}]\n"
                     f"       CPU per step: worker {t.worker_cpu_s / t.total_steps * 1e3:.3f} ms, "
                     f"database {t.database_cpu_s / t.total_steps * 1e3:.3f} ms",
@@ -1266,8 +1331,8 @@ def main(argv: Sequence[str] | None = None) -> None:
         if "pgbench" in parts:
             pgbench = pgbench_inserts(server, names["pgbench"], args.pgbench_seconds, logdir)
             print(f"pgbench: {pgbench:.0f} single-client INSERT tps [load {_load()}]", flush=True)
-    if cleat_runs or dbos_runs or latency or pgbench:
-        print_table(cleat_runs, dbos_runs, latency, pgbench)
+    if cleat_runs or python_runs or dbos_runs or latency or pgbench:
+        print_table(cleat_runs, dbos_runs, latency, pgbench, python_runs)
     if not args.keep:
         shutil.rmtree(logdir, ignore_errors=True)
 
