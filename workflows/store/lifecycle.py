@@ -58,7 +58,7 @@ from workflows.models import (
 )
 from workflows.store import compaction, task_calls, wake
 from workflows.store.group_commit import contiguous
-from workflows.store.sql import queries
+from workflows.store.sql import array_literal, queries
 from workflows.store.storage import (
     LoadedInterrupts,
     append_locked,
@@ -164,9 +164,10 @@ def claim_ready_instances(
     if limit <= 0:
         return []
     sql = queries(connection)
-    args = [worker_id, list(task_queues), limit, now, tenant, default_max_running(), run]
+    queues = array_literal(task_queues)  # the PostgreSQL functions' text[] argument
+    args = [worker_id, queues, limit, now, tenant, default_max_running(), run]
     if load and "claim_and_load" in sql:
-        due_args = [list(task_queues), tenant, limit]
+        due_args = [queues, tenant, limit]
         claims = _claim_and_load(sql["claim_and_load"], args, worker_id, due_args)
         if claims is not None:
             return claims

@@ -85,7 +85,7 @@ from workflows.models import (
 from workflows.policies import quotas_for, require_signal_auth
 from workflows.store import crons, group_commit, wake
 from workflows.store.group_commit import contiguous
-from workflows.store.sql import queries
+from workflows.store.sql import array_literal, queries
 from workflows.tenancy import tenant_context
 
 
@@ -171,18 +171,26 @@ def append_locked(
 
 def append_params(ref: RunRef, stored: Sequence[EncodedEvent], now: datetime) -> list[Any]:
     """The events' parameters of ``finalize_done`` (sql/postgresql.py): ``created_at`` and
-    the event arrays, the payloads sealed here (the SQL takes them as they are stored)."""
+    the event arrays as array literals (:func:`array_literal`), the payloads sealed here (the
+    SQL takes them as they are stored)."""
     return [
         now,
-        [s.step for s in stored],
-        [s.type_code for s in stored],
-        [
-            seal_column(WorkflowEvent, "payload", ref.tenant_id, (ref.run_id, s.step), s.payload)
-            for s in stored
-        ],
-        [s.ts for s in stored],
-        [s.checksum for s in stored],
-        [now if not s.checksum else None for s in stored],
+        *(
+            array_literal(values)
+            for values in (
+                [s.step for s in stored],
+                [s.type_code for s in stored],
+                [
+                    seal_column(
+                        WorkflowEvent, "payload", ref.tenant_id, (ref.run_id, s.step), s.payload
+                    )
+                    for s in stored
+                ],
+                [s.ts for s in stored],
+                [s.checksum for s in stored],
+                [now if not s.checksum else None for s in stored],
+            )
+        ),
     ]
 
 

@@ -16,7 +16,7 @@ Table names are formatted in once, at import, from the models.
 from __future__ import annotations
 
 import importlib
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from types import MappingProxyType
 from typing import Any
 
@@ -51,4 +51,24 @@ def loader(package: str) -> Callable[[Any], Mapping[str, str]]:
 
 queries = loader(__name__)
 
-__all__ = ["DIALECT_MODULES", "loader", "queries"]
+
+def array_literal(values: Iterable[object]) -> str:
+    """``values`` in PostgreSQL's array input syntax, ``{"1","a\\"b",NULL}``: the parameter
+    of a statement that casts it to its array type (``%s::text[]``) or passes it to a
+    function's array argument. Each element is its ``str()`` in double quotes, a backslash or
+    double quote in it escaped; None is NULL. psycopg's client-side binding dumps a list in
+    Python, element by element (about 35 µs for the finalize's six one-element arrays, more
+    than its other twelve parameters together), and quotes a string in C."""
+    return (
+        "{"
+        + ",".join(
+            "NULL"
+            if value is None
+            else '"' + str(value).replace("\\", "\\\\").replace('"', '\\"') + '"'
+            for value in values
+        )
+        + "}"
+    )
+
+
+__all__ = ["DIALECT_MODULES", "array_literal", "loader", "queries"]
