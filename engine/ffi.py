@@ -38,6 +38,7 @@ define_func_unchecked.restype = ctypes.c_void_p  # wasmtime_error_t*, NULL on su
 set_epoch_deadline = libwasmtime.wasmtime_context_set_epoch_deadline
 set_epoch_deadline.restype = None
 ONE = ctypes.c_size_t(1)
+TWO = ctypes.c_size_t(2)
 TRAP_PTR = ctypes.POINTER(wasmtime_ffi.wasm_trap_t)
 U64 = ctypes.c_uint64
 # The status byte of a reply, for each status a byte can hold.

@@ -478,3 +478,46 @@ def test_a_components_s64_answer_wraps_to_64_bits_as_a_core_modules_does() -> No
         assert slot.kind == wasmtime_ffi.WASMTIME_COMPONENT_S64.value
         assert slot.of.s64 == ctypes.c_int64(value).value
     assert ctypes.c_int64(2**63 + 2).value == -(2**63) + 2
+
+
+# --- calling an export -----------------------------------------------------------------------
+
+EXPORTS_OF_EVERY_SHAPE = """(module (memory (export "memory") 1)
+  (func (export "cleat_alloc") (param i32) (result i32) (i32.const 64))
+  (func (export "packed") (param i32 i32) (result i64)
+    (i64.add (i64.shl (i64.extend_i32_u (local.get 0)) (i64.const 32))
+             (i64.extend_i32_u (local.get 1))))
+  (func (export "narrow") (param i32 i32) (result i32) (i32.const -7))
+  (func (export "float") (param i32 i32) (result f64) (f64.const 1.5))
+  (func (export "no_params") (result i64) (i64.const 5))
+  (func (export "wide_param") (param i64 i32) (result i64) (i64.const 5))
+  (func (export "traps") (param i32 i32) (result i64) unreachable))"""
+
+
+def test_an_export_is_called_with_its_arguments_and_a_wrong_shape_is_an_error_not_a_crash() -> None:
+    """Handlers and defers are exports the guest names at run time, so their types are not
+    checked at load: the call (through the C API) passes (ptr, len), reads an i64 (or an i32,
+    as wasmtime-py read it) and refuses anything else with an error the segment reports."""
+    from engine.core_backend import CoreInstance
+    from engine.errors import GuestFault
+
+    engine = wasmtime.Engine()
+    store = wasmtime.Store(engine)
+    instance = wasmtime.Instance(store, wasmtime.Module(engine, EXPORTS_OF_EVERY_SHAPE), [])
+    core = CoreInstance(store, instance, EngineConfig(), time.monotonic(), lambda: 0.0)
+
+    def call(name: str) -> int:
+        fn = core._func(name)
+        assert fn is not None
+        return core._call_entry(name, fn, 3, 4)
+
+    assert call("packed") == (3 << 32) | 4
+    assert call("narrow") == -7
+    with pytest.raises(GuestFault, match="float: returned a value that is not an integer"):
+        call("float")
+    with pytest.raises(wasmtime.WasmtimeError, match="expected 0 arguments, got 2"):
+        call("no_params")
+    with pytest.raises(wasmtime.WasmtimeError, match="type mismatch"):
+        call("wide_param")
+    with pytest.raises(wasmtime.Trap, match="unreachable"):
+        call("traps")
