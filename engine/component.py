@@ -85,7 +85,7 @@ from engine.errors import (
     WorkflowExit,
 )
 from engine.events import EncodedEvent, UpdateAppliedEvent
-from engine.ffi import NO_FINALIZER, CallerContext, libwasmtime, set_epoch_deadline
+from engine.ffi import NO_FINALIZER, CallerContext, libwasmtime_held, set_epoch_deadline
 from engine.module_cache import description_path
 from engine.outcomes import AppliedUpdate, Outcome, SegmentResult, failed
 from engine.ready_instances import GuestOutput, ReadyInstances
@@ -399,13 +399,13 @@ _RawCallback = ctypes.CFUNCTYPE(
     ctypes.c_void_p,  # the result slots
     ctypes.c_size_t,
 )
-_byte_vec_new = libwasmtime.wasm_byte_vec_new
+_byte_vec_new = libwasmtime_held.wasm_byte_vec_new
 _byte_vec_new.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_char_p]
 _byte_vec_new.restype = None
-_byte_vec_delete = libwasmtime.wasm_byte_vec_delete
+_byte_vec_delete = libwasmtime_held.wasm_byte_vec_delete
 _byte_vec_delete.argtypes = [ctypes.c_void_p]
 _byte_vec_delete.restype = None
-_val_new = libwasmtime.wasmtime_component_val_new
+_val_new = libwasmtime_held.wasmtime_component_val_new
 _val_new.argtypes = [ctypes.c_void_p]
 _val_new.restype = ctypes.c_void_p
 # One value slot per thread that builds a reply: ``wasmtime_component_val_new`` moves its

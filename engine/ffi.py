@@ -22,20 +22,28 @@ from wasmtime import _ffi as wasmtime_ffi
 # are right), integers as explicit ctypes values, and return plain integers. A separate
 # handle leaves wasmtime-py's own declarations as they are.
 libwasmtime = ctypes.CDLL(wasmtime_ffi.dll._name)
+# The calls that never enter the guest and return at once (a memory's address and size, a
+# host call's context, the epoch deadline, a value's allocation) go through a handle that
+# keeps the GIL during the call (``PyDLL``). A ``CDLL`` call releases the GIL and takes it
+# back after; on a worker whose segment threads all want it, taking it back waits for
+# another thread to let go of it -- a context switch, or the interpreter's switch interval
+# (5 ms) when that thread computes -- several times per host call. Calls that run guest
+# code (``func_call``) still release it: a guest may run for its whole deadline.
+libwasmtime_held = ctypes.PyDLL(wasmtime_ffi.dll._name)
 CONTEXT_PTR = ctypes.POINTER(wasmtime_ffi.wasmtime_context_t)
 ERROR_PTR = ctypes.POINTER(wasmtime_ffi.wasmtime_error_t)
-memory_data = libwasmtime.wasmtime_memory_data
+memory_data = libwasmtime_held.wasmtime_memory_data
 memory_data.restype = ctypes.c_void_p
-memory_data_size = libwasmtime.wasmtime_memory_data_size
+memory_data_size = libwasmtime_held.wasmtime_memory_data_size
 memory_data_size.restype = ctypes.c_size_t
 func_call = libwasmtime.wasmtime_func_call
 func_call.restype = ctypes.c_void_p  # wasmtime_error_t*, NULL on success
-caller_context = libwasmtime.wasmtime_caller_context
+caller_context = libwasmtime_held.wasmtime_caller_context
 caller_context.argtypes = [ctypes.c_void_p]
 caller_context.restype = CONTEXT_PTR
 define_func_unchecked = libwasmtime.wasmtime_linker_define_func_unchecked
 define_func_unchecked.restype = ctypes.c_void_p  # wasmtime_error_t*, NULL on success
-set_epoch_deadline = libwasmtime.wasmtime_context_set_epoch_deadline
+set_epoch_deadline = libwasmtime_held.wasmtime_context_set_epoch_deadline
 set_epoch_deadline.restype = None
 ONE = ctypes.c_size_t(1)
 TWO = ctypes.c_size_t(2)
