@@ -20,6 +20,7 @@ import wasmtime
 from engine.config import EngineConfig
 from engine.errors import InvalidModule
 from engine.events import EncodedEvent
+from engine.ffi import U64, set_epoch_deadline, store_limiter
 from engine.outcomes import SegmentResult
 from engine.services import Services
 from engine.session import RunInfo
@@ -99,14 +100,17 @@ def new_store(engine: wasmtime.Engine, config: EngineConfig) -> wasmtime.Store:
     fuel."""
     cfg = config
     store = wasmtime.Store(engine)
-    store.set_limits(
-        memory_size=cfg.memory_limit_bytes,
-        table_elements=cfg.max_table_elements,
-        instances=cfg.max_instances,
-        tables=cfg.max_tables,
-        memories=cfg.max_instances,
+    # Store.set_limits and Store.set_epoch_deadline, through the handle that keeps the GIL
+    # (engine.ffi): the limits on memory, table elements, instances, tables and memories.
+    store_limiter(
+        store.ptr(),
+        cfg.memory_limit_bytes,
+        cfg.max_table_elements,
+        cfg.max_instances,
+        cfg.max_tables,
+        cfg.max_instances,
     )
-    store.set_epoch_deadline(cfg.deadline_ticks)
+    set_epoch_deadline(store._context(), U64(cfg.deadline_ticks))
     if cfg.fuel:
         store.set_fuel(cfg.fuel)
     return store
