@@ -1006,13 +1006,13 @@ def print_table(
         f"load average now {_load()}"
     )
     head = (
-        f"   {'system':7} {'proc':>4} {'conc':>4} {'wall s':>7} {'steps/s':>8} "
+        f"   {'system':8} {'proc':>4} {'conc':>4} {'wall s':>7} {'steps/s':>8} "
         f"{'wf/s':>7} {'steps/s/proc':>12} {'busy steps/s':>12}  check"
     )
     print(head)
     for t in [*cleat_runs, *python_runs, *dbos_runs]:
         print(
-            f"   {t.system:7} {t.processes:4d} {t.concurrency:4d} {t.wall_s:7.2f} "
+            f"   {t.system:8} {t.processes:4d} {t.concurrency:4d} {t.wall_s:7.2f} "
             f"{t.steps_per_s:8.0f} {t.workflows_per_s:7.1f} {t.steps_per_s / t.processes:12.0f} "
             f"{t.busy_steps_per_s:12.0f}  {'ok' if t.ok else 'FAILED ' + t.note}"
         )
@@ -1061,9 +1061,15 @@ def print_table(
     for py in python_runs:
         wat = by_proc.get(py.processes)
         if wat is None:
+            print(
+                f"   Python / WAT steps/s, {py.processes} proc: no core module run with as many "
+                "processes to compare (--only throughput beside python-throughput)"
+            )
             continue
         ratio = py.steps_per_s / wat.steps_per_s
         met = "yes" if ratio >= GOAL_PYTHON_VS_WAT else "NO"
+        if not (py.ok and wat.ok):
+            met = "FAILED run"
         print(
             f"   Python / WAT steps/s, {py.processes} proc{'s' if py.processes > 1 else ' '}"
             f"{'':21} {ratio * 100:6.1f}% ({py.steps_per_s:.0f}/{wat.steps_per_s:.0f})"
