@@ -63,6 +63,7 @@ from engine.ffi import (
     caller_context,
     define_func_unchecked,
     func_call,
+    instance_export,
     memory_data,
     memory_data_size,
     set_epoch_deadline,
@@ -114,16 +115,15 @@ class CoreInstance:
         self._tick_s = config.epoch_tick_s
         self._started = started
         self._io_seconds = io_seconds
-        exports = instance.exports(store)
-        memory = exports.get(EXPORT_MEMORY)
-        alloc = exports.get(EXPORT_ALLOC)
+        self._instance = instance
+        memory = instance_export(self._context_ptr, instance, EXPORT_MEMORY)
+        alloc = instance_export(self._context_ptr, instance, EXPORT_ALLOC)
         if not isinstance(memory, wasmtime.Memory):
             raise InvalidModule(f"the module does not export its memory as {EXPORT_MEMORY!r}")
         if not isinstance(alloc, wasmtime.Func):
             raise InvalidModule(f"the module does not export {EXPORT_ALLOC}(size: i32) -> i32")
         self.memory: wasmtime.Memory = memory
         self._alloc: wasmtime.Func = alloc
-        self._exports = exports
         self._funcs: dict[str, wasmtime.Func] = {}
         # Made once, used by every host call (see _memory_view and _call_alloc).
         self._memory_ref = ctypes.byref(memory._memory)
@@ -274,7 +274,7 @@ class CoreInstance:
     def _func(self, name: str) -> wasmtime.Func | None:
         fn = self._funcs.get(name)
         if fn is None:
-            found = self._exports.get(name)
+            found = instance_export(self._context_ptr, self._instance, name)
             if not isinstance(found, wasmtime.Func):
                 return None
             self._funcs[name] = fn = found
