@@ -4,7 +4,7 @@ and pgbench on the same server.
 Run it from the repository root (PostgreSQL reachable as a superuser, ``pgbench`` on PATH;
 ``pip install -r bench/requirements.txt`` for the DBOS comparison)::
 
-    .venv/bin/python -m bench.store_bench                       # everything, about 7 minutes
+    .venv/bin/python -m bench.store_bench                       # everything, a few minutes
     .venv/bin/python -m bench.store_bench --no-dbos --latency-runs 50
     .venv/bin/python -m bench.store_bench --only profile        # where one step's time goes
     .venv/bin/python -m bench.store_bench --only breakdown      # where a start -> done goes
