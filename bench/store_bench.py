@@ -992,6 +992,19 @@ def _fmt(value: float, unit: str = "") -> str:
     return f"{value:.2f}{unit}"
 
 
+def print_throughput(label: str, t: Throughput) -> None:
+    """One throughput run's line and its CPU per step, as it finishes."""
+    print(
+        f"{label} {t.processes} proc x {t.concurrency}: {t.wall_s:.2f} s, "
+        f"{t.steps_per_s:.0f} steps/s, {t.workflows_per_s:.1f} wf/s "
+        f"(from first claim: {t.busy_steps_per_s:.0f} steps/s) "
+        f"{'ok' if t.ok else 'FAILED ' + t.note} [load {_load()}]\n"
+        f"       CPU per step: worker {t.worker_cpu_s / t.total_steps * 1e3:.3f} ms, "
+        f"database {t.database_cpu_s / t.total_steps * 1e3:.3f} ms",
+        flush=True,
+    )
+
+
 def print_table(
     cleat_runs: Sequence[Throughput],
     dbos_runs: Sequence[Throughput],
@@ -1279,29 +1292,14 @@ def main(argv: Sequence[str] | None = None) -> None:
             for n in processes:
                 t = cleat_throughput(cleat, args.workflows, args.steps, n, args.concurrency)
                 cleat_runs.append(t)
-                print(
-                    f"cleat  {n} proc x {args.concurrency}: {t.wall_s:.2f} s, "
-                    f"{t.steps_per_s:.0f} steps/s, {t.workflows_per_s:.1f} wf/s "
-                    f"(from first claim: {t.busy_steps_per_s:.0f} steps/s) "
-                    f"{'ok' if t.ok else 'FAILED ' + t.note} [load {_load()}]\n"
-                    f"       CPU per step: worker {t.worker_cpu_s / t.total_steps * 1e3:.3f} ms, "
-                    f"database {t.database_cpu_s / t.total_steps * 1e3:.3f} ms",
-                    flush=True,
-                )
+                print_throughput("cleat ", t)
         if "python-throughput" in parts:
             for n in _ints(args.python_processes):
                 t = cleat_throughput(
                     cleat, args.workflows, args.steps, n, args.concurrency, PYTHON_DEFINITION
                 )
                 python_runs.append(t)
-                print(
-                    f"python {n} proc x {args.concurrency}: {t.wall_s:.2f} s, "
-                    f"{t.steps_per_s:.0f} steps/s (from first claim: {t.busy_steps_per_s:.0f}) "
-                    f"{'ok' if t.ok else 'FAILED ' + t.note} [load {_load()}]\n"
-                    f"       CPU per step: worker {t.worker_cpu_s / t.total_steps * 1e3:.3f} ms, "
-                    f"database {t.database_cpu_s / t.total_steps * 1e3:.3f} ms",
-                    flush=True,
-                )
+                print_throughput("python", t)
         if "latency" in parts and args.latency_runs > 0:
             latency = cleat_latency(cleat, args.latency_runs, args.concurrency)
             print(

@@ -15,6 +15,7 @@ import ctypes
 from typing import Any
 
 from wasmtime import _ffi as wasmtime_ffi
+from wasmtime._extern import wrap_extern
 
 # The hot path of a host call calls libwasmtime through a handle of its own. wasmtime-py's
 # declarations check and convert every argument and wrap every pointer they return, which
@@ -58,14 +59,13 @@ _instance_export_get.argtypes = [
 ]
 _instance_export_get.restype = ctypes.c_bool
 ONE = ctypes.c_size_t(1)
+TWO = ctypes.c_size_t(2)
 
 
 def instance_export(context: Any, instance: Any, name: str) -> Any:
     """The export ``name`` of a core ``wasmtime.Instance`` (a ``Func``, ``Memory``, ... as
     wasmtime-py wraps it), or None. ``Instance.exports()`` wraps every export of the
     instance, each through a call that releases the GIL: about 24 µs a segment for three."""
-    from wasmtime._extern import wrap_extern
-
     raw = name.encode()
     item = wasmtime_ffi.wasmtime_extern_t()
     found = _instance_export_get(
@@ -74,7 +74,6 @@ def instance_export(context: Any, instance: Any, name: str) -> Any:
     return wrap_extern(item) if found else None
 
 
-TWO = ctypes.c_size_t(2)
 TRAP_PTR = ctypes.POINTER(wasmtime_ffi.wasm_trap_t)
 U64 = ctypes.c_uint64
 # The status byte of a reply, for each status a byte can hold.

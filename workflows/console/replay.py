@@ -48,6 +48,7 @@ from engine.session import (
 )
 from engine.storage import RunRef
 from workflows.models import WorkflowDefinition, WorkflowEvent, WorkflowInstance
+from workflows.store.lifecycle import load_wasm
 from workflows.tenancy import of_tenant
 
 # Failures that say the replay itself could not follow the history (not the run's own end).
@@ -198,19 +199,6 @@ def _parsed(state: dict[str, str]) -> dict[str, Any]:
     return parsed
 
 
-def _wasm(instance: WorkflowInstance) -> bytes:
-    """The bytes of the run's definition, read only when its module is not in memory."""
-    wasm = (
-        of_tenant(WorkflowDefinition, instance.tenant_id)
-        .filter(id=instance.definition_id)
-        .values_list("wasm", flat=True)
-        .first()
-    )
-    if wasm is None:
-        raise InvalidModule("the run's definition is gone")
-    return bytes(wasm)
-
-
 def state_at_step(instance: WorkflowInstance, step: int) -> StateAtStep:
     """Replay ``instance`` (read in the caller's tenant context) to its first ``step`` events."""
     try:
@@ -233,7 +221,9 @@ def state_at_step(instance: WorkflowInstance, step: int) -> StateAtStep:
     except ReplaySettingError as exc:
         return StateAtStep(step, total, {}, f"the replay is not configured: {exc}", error=True)
     try:
-        module = runtime.load_once(definition["sha256"], lambda: _wasm(instance))
+        module = runtime.load_once(
+            definition["sha256"], lambda: load_wasm(instance.tenant_id, instance.definition_id)
+        )
     except InvalidModule as exc:
         return StateAtStep(step, total, {}, f"the module does not load: {exc}", error=True)
     run = RunInfo(

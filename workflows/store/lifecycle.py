@@ -67,7 +67,7 @@ from workflows.store.storage import (
     lock_fenced_instance,
     take_lock,
 )
-from workflows.tenancy import tenant_context
+from workflows.tenancy import of_tenant, tenant_context
 
 log = logging.getLogger("cleat.store")
 
@@ -482,9 +482,14 @@ def pinned_plugin_versions(tenant: uuid.UUID, definition_id: int) -> dict[str, s
 
 
 def load_wasm(tenant: uuid.UUID, definition_id: int) -> bytes:
+    """The bytes of ``tenant``'s definition ``definition_id`` (the worker and the console's
+    replay read them only when the module is not in memory: ``WasmRuntime.load_once``)."""
     with tenant_context(tenant):
         return bytes(
-            WorkflowDefinition.objects.filter(id=definition_id).values_list("wasm", flat=True).get()
+            of_tenant(WorkflowDefinition, tenant)
+            .filter(id=definition_id)
+            .values_list("wasm", flat=True)
+            .get()
         )
 
 
