@@ -459,6 +459,41 @@ def test_postgres_claim_brings_when_the_next_run_it_left_falls_due(make_env: Any
     assert {str(c.id) for c in [*full, *rest]} == {first, second}
 
 
+def test_next_due_at_answers_for_the_queues_and_the_tenant_asked(
+    make_env: Any, other_tenant: Any
+) -> None:
+    """When the next ready run falls due: the earliest of every tenant's in the queues asked,
+    or of one tenant's only; a run of another queue, a running or finished run, and a queue
+    with no ready run do not count (None)."""
+    from datetime import timedelta
+
+    from workflows.store import lifecycle
+
+    pay = FakeService({"charge": {"ok": 1}})
+    env = make_env({"pay": pay})
+    other = DatabaseWorkflowEnvironment(other_tenant, {"pay": pay})
+    try:
+        now = env.clock.now()
+        due: dict[str, Any] = {}
+        for e, minutes in ((env, 30), (other, 10)):
+            e.deploy("pay", call_sleep_call().wasm())
+            run, elsewhere, running = (e.start("pay", {"amount": n}) for n in range(3))
+            with tenant_context(e.tenant.id):
+                rows = WorkflowInstance.objects.filter
+                rows(id=run).update(next_wake_at=now + timedelta(minutes=minutes))
+                rows(id=elsewhere).update(task_queue="elsewhere", next_wake_at=now)
+                rows(id=running).update(status=RunStatus.RUNNING, next_wake_at=now)
+            due[e.tenant.id] = now + timedelta(minutes=minutes)
+        assert lifecycle.next_due_at(["default"]) == due[other.tenant.id]
+        assert lifecycle.next_due_at(["default"], env.tenant.id) == due[env.tenant.id]
+        assert lifecycle.next_due_at(["default"], other.tenant.id) == due[other.tenant.id]
+        assert lifecycle.next_due_at(["elsewhere", "default"], env.tenant.id) == now
+        assert lifecycle.next_due_at(["nothing"]) is None
+        assert lifecycle.next_due_at(["nothing"], env.tenant.id) is None
+    finally:
+        other.close()
+
+
 @pytest.mark.postgres_only
 def test_postgres_claim_commits_without_waiting_for_its_wal_and_nothing_after_it_does(
     make_env: Any,

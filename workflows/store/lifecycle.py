@@ -920,7 +920,7 @@ def next_due_at(task_queues: Sequence[str], tenant: uuid.UUID | None = None) -> 
     sql = queries(connection)
     if "next_due_at" in sql:
         with connection.cursor() as cursor:
-            cursor.execute(sql["next_due_at"], [list(task_queues), tenant])
+            cursor.execute(sql["next_due_at"], [array_literal(task_queues), tenant])
             return _due_time(cursor.fetchone()[0])
     query = WorkflowInstance.objects.filter(
         status=RunStatus.READY, task_queue__in=list(task_queues), next_wake_at__isnull=False
