@@ -289,7 +289,7 @@ def start_workflow(
             if existing is None:
                 raise
             return existing, False
-        wake.ready_after_commit(tenant.id, instance.id)
+        wake.ready_after_commit(tenant.id, instance.id, inserted=True)
     return instance, True
 
 

@@ -35,6 +35,7 @@ def live_definitions() -> list[str]:
         workflows_sql.load_functions_sql(app_role()),
         workflows_sql.load_claimed_functions_sql(app_role()),
         workflows_sql.run_interrupts_function_sql(app_role()),
+        workflows_sql.READY_INSERT_WAKES,
         *schedules_sql.DEFINER_FUNCTIONS.values(),
     ]
 

@@ -812,7 +812,7 @@ def _successor(
         instance_id=successor.id
     )
     crash_point("continue_as_new")  # the successor written, the finalize not committed
-    wake.ready_after_commit(instance.tenant_id, successor.id)
+    wake.ready_after_commit(instance.tenant_id, successor.id, inserted=True)
     return successor
 
 

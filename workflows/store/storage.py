@@ -524,7 +524,7 @@ class DjangoStorage:
             created_at=now,
         )
         crash_point("child_start")  # the child row written, the start's transaction open
-        wake.ready_after_commit(self.tenant_id, run_id)
+        wake.ready_after_commit(self.tenant_id, run_id, inserted=True)
         return run_id
 
     def _check_lock_quota(self, m: AcquireLock, now: datetime) -> None:

@@ -287,8 +287,15 @@ def notify_after_commit() -> None:
     transaction.on_commit(notify)
 
 
-def ready_after_commit(tenant: uuid.UUID | str, instance_id: uuid.UUID | str) -> None:
+def ready_after_commit(
+    tenant: uuid.UUID | str, instance_id: uuid.UUID | str, *, inserted: bool = False
+) -> None:
     """A run made due now (started, resumed, retried): idle workers are told after the
-    commit, and in broker dispatch the run is published (``workflows.dispatch``)."""
-    notify_after_commit()
+    commit, and in broker dispatch the run is published (``workflows.dispatch``).
+
+    ``inserted``: the run was inserted ready in this transaction. Where the insert itself
+    wakes the workers (PostgreSQL's trigger, ``ready_insert_wakes`` in sql/postgresql.py),
+    nothing more is sent for it."""
+    if not (inserted and "ready_insert_wakes" in queries(connection)):
+        notify_after_commit()
     dispatch.ready_after_commit(tenant, instance_id)

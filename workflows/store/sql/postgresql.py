@@ -490,6 +490,24 @@ MISSED_WAKES = "SELECT id, tenant_id FROM cleat.missed_wakes(%s, %s)"
 # --- wake-ups ----------------------------------------------------------------------------------
 
 NOTIFY_WAKE = "SELECT pg_notify(%s, '')"
+# A run inserted ready wakes the idle workers from its insert: the trigger's NOTIFY is
+# delivered by the insert's commit, as wake.notify_after_commit's is, without a statement of
+# its own (a start was its insert, the NOTIFY and the commit). PostgreSQL folds the same
+# notification sent twice in a transaction into one. Its presence here tells
+# wake.ready_after_commit not to send one of its own after an insert.
+READY_INSERT_WAKES = f"""
+CREATE OR REPLACE FUNCTION cleat.wake_on_ready_insert() RETURNS trigger
+LANGUAGE plpgsql AS $$
+BEGIN
+    PERFORM pg_notify('{NOTIFY_CHANNEL}', '');
+    RETURN NULL;
+END
+$$;
+DROP TRIGGER IF EXISTS instance_ready_insert_wakes ON {WorkflowInstance._meta.db_table};
+CREATE TRIGGER instance_ready_insert_wakes AFTER INSERT ON {WorkflowInstance._meta.db_table}
+    FOR EACH ROW WHEN (NEW.status = '{RunStatus.READY.value}')
+    EXECUTE FUNCTION cleat.wake_on_ready_insert();
+"""
 # The server's clock (not the transaction's start): the fleet's common time (worker.py).
 DATABASE_NOW = "SELECT clock_timestamp()"
 LISTEN_WAKE = f"LISTEN {NOTIFY_CHANNEL}"
@@ -523,6 +541,7 @@ QUERIES = {
     "ready_backlog": READY_BACKLOG,
     "missed_wakes": MISSED_WAKES,
     "notify_wake": NOTIFY_WAKE,
+    "ready_insert_wakes": READY_INSERT_WAKES,
     "database_now": DATABASE_NOW,
     "listen_wake": LISTEN_WAKE,
     "connection_role": CONNECTION_ROLE,
