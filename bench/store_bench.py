@@ -668,8 +668,8 @@ def cleat_breakdown(cleat: Cleat, runs: int, concurrency: int) -> None:
     committed: list[float] = []
     real_ready = wake.ready_after_commit
 
-    def ready_after_commit(*args: Any) -> None:  # the start's: its commit is marked
-        real_ready(*args)
+    def ready_after_commit(*args: Any, **kw: Any) -> None:  # the start's: its commit is marked
+        real_ready(*args, **kw)
         transaction.on_commit(lambda: committed.append(time.time()))
 
     wake.ready_after_commit = ready_after_commit  # type: ignore[assignment]
