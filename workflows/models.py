@@ -19,6 +19,7 @@ from django.conf import settings
 from django.core.exceptions import ValidationError
 from django.core.validators import MaxValueValidator, MinValueValidator, RegexValidator
 from django.db import models
+from django.db.models import Q
 from django.utils import timezone
 
 from engine import compaction
@@ -331,7 +332,9 @@ class WorkflowInstance(SealedModel, TenantScoped):
     # every start, claim and finalize).
     tenant = models.ForeignKey(Tenant, on_delete=models.CASCADE, db_index=False)
     id = models.UUIDField(primary_key=True, default=uuid.uuid4, editable=False)
-    workflow_id = models.CharField(max_length=128, db_index=True)
+    # Indexed by instance_workflow_id (Meta.indexes): db_index would add a second index on
+    # PostgreSQL, for LIKE patterns, that no query uses and every transition writes.
+    workflow_id = models.CharField(max_length=128)
     definition = models.ForeignKey(WorkflowDefinition, on_delete=models.PROTECT)
     definition_name = models.CharField(max_length=128)
     definition_version = models.PositiveIntegerField()
@@ -358,8 +361,14 @@ class WorkflowInstance(SealedModel, TenantScoped):
     )
     task_queue = models.CharField(max_length=64, default="default")
     sticky_worker = models.CharField(max_length=128, null=True, blank=True)
+    # Indexed by instance_parent (Meta.indexes), only where there is a parent.
     parent = models.ForeignKey(
-        "self", null=True, blank=True, on_delete=models.SET_NULL, related_name="children"
+        "self",
+        null=True,
+        blank=True,
+        on_delete=models.SET_NULL,
+        related_name="children",
+        db_index=False,
     )
     parent_close_policy = models.CharField(
         max_length=16, choices=ParentClosePolicy.choices, default=ParentClosePolicy.TERMINATE
@@ -413,10 +422,21 @@ class WorkflowInstance(SealedModel, TenantScoped):
                 fields=["tenant", "start_idempotency_key"], name="instance_start_idempotency_key"
             )
         ]
+        # A run's every transition (start, claim, finalize) changes its status, so the new
+        # row is written to every index whose condition it meets: an index that only some
+        # runs need has a condition, and a run without a parent, a worker, an end, a purge
+        # batch or a cancellation is not written to it. (MariaDB has no partial indexes:
+        # there Django makes them whole, with the same answers.)
         indexes = [
+            models.Index(fields=["workflow_id"], name="instance_workflow_id"),
             models.Index(fields=["status", "task_queue", "next_wake_at"], name="instance_due"),
             models.Index(fields=["tenant", "status", "created_at"], name="instance_listing"),
-            models.Index(fields=["assigned_to", "status"], name="instance_owner"),
+            # A worker's claimed runs (the reaper, a worker's shutdown, the console).
+            models.Index(
+                fields=["assigned_to", "status"],
+                name="instance_owner",
+                condition=Q(assigned_to__isnull=False),
+            ),
             # A claim's per-tenant turn: that tenant's due runs in one queue, most urgent
             # first, in the claim's whole order (ties by creation), so the claim reads them
             # off the index instead of sorting every due run.
@@ -432,12 +452,32 @@ class WorkflowInstance(SealedModel, TenantScoped):
                 name="instance_tenant_due_order",
             ),
             # The retention purge: a tenant's finished runs of one status, oldest end first.
-            models.Index(fields=["tenant", "status", "completed_at"], name="instance_retention"),
-            models.Index(fields=["tenant", "purge_batch"], name="instance_purge_batch"),
+            models.Index(
+                fields=["tenant", "status", "completed_at"],
+                name="instance_retention",
+                condition=Q(completed_at__isnull=False),
+            ),
+            models.Index(
+                fields=["tenant", "purge_batch"],
+                name="instance_purge_batch",
+                condition=Q(purge_batch__isnull=False),
+            ),
+            # A run's children (the finalize's open-children test, close policies, purges).
+            models.Index(
+                fields=["parent"], name="instance_parent", condition=Q(parent__isnull=False)
+            ),
             # The wake sweep (workflows/store/wake.py): children that ended since its last
             # pass (their parents may wait), and waiting runs asked to cancel.
-            models.Index(fields=["completed_at", "parent"], name="instance_child_ended"),
-            models.Index(fields=["cancel_requested", "status"], name="instance_cancel_asked"),
+            models.Index(
+                fields=["completed_at", "parent"],
+                name="instance_child_ended",
+                condition=Q(parent__isnull=False),
+            ),
+            models.Index(
+                fields=["cancel_requested", "status"],
+                name="instance_cancel_asked",
+                condition=Q(cancel_requested=True),
+            ),
         ]
         ordering = ["-created_at"]
         permissions = [
