@@ -17,9 +17,9 @@ import django.db.models.deletion
 from django.db import migrations, models
 
 
-class RemoveIndexWherePartial(migrations.RemoveIndex):
-    """Removes the index where the database has partial indexes; elsewhere the index that
-    replaces it is the same index, and it stays."""
+class WherePartialIndexes:
+    """An index operation made only where the database has partial indexes: elsewhere an
+    index replaced by itself with a condition is the same index, and it stays."""
 
     def database_forwards(self, app_label, schema_editor, from_state, to_state):
         if schema_editor.connection.features.supports_partial_indexes:
@@ -30,17 +30,12 @@ class RemoveIndexWherePartial(migrations.RemoveIndex):
             super().database_backwards(app_label, schema_editor, from_state, to_state)
 
 
-class AddIndexWherePartial(migrations.AddIndex):
-    """Adds the conditional index where the database has partial indexes; elsewhere the
-    index it replaces already is that index."""
+class RemoveIndexWherePartial(WherePartialIndexes, migrations.RemoveIndex):
+    pass
 
-    def database_forwards(self, app_label, schema_editor, from_state, to_state):
-        if schema_editor.connection.features.supports_partial_indexes:
-            super().database_forwards(app_label, schema_editor, from_state, to_state)
 
-    def database_backwards(self, app_label, schema_editor, from_state, to_state):
-        if schema_editor.connection.features.supports_partial_indexes:
-            super().database_backwards(app_label, schema_editor, from_state, to_state)
+class AddIndexWherePartial(WherePartialIndexes, migrations.AddIndex):
+    pass
 
 
 REPLACED = {
