@@ -112,7 +112,8 @@ def test_a_runs_open_children_are_read_by_instance_parent(
 
 
 def test_a_workers_runs_are_read_by_instance_owner(planner: psycopg.Connection[Any]) -> None:
-    # A worker's shutdown releasing its runs (store.lifecycle), the console's worker page.
+    # A worker's heartbeat (cleat.heartbeat_worker), its shutdown releasing its runs
+    # (store.lifecycle), the console's worker page.
     owned = WorkflowInstance.objects.filter(assigned_to="worker-1", status=RunStatus.RUNNING)
     assert queryset_reads(planner, "instance_owner", owned)
 
