@@ -431,7 +431,7 @@ class WorkflowInstance(SealedModel, TenantScoped):
             models.Index(fields=["workflow_id"], name="instance_workflow_id"),
             models.Index(fields=["status", "task_queue", "next_wake_at"], name="instance_due"),
             models.Index(fields=["tenant", "status", "created_at"], name="instance_listing"),
-            # A worker's claimed runs (its heartbeat, its shutdown's release, the console).
+            # A worker's claimed runs (its heartbeat, the console's worker page).
             models.Index(
                 fields=["assigned_to", "status"],
                 name="instance_owner",
