@@ -260,7 +260,10 @@ def run(cleat: Cleat, server: Server, args: argparse.Namespace) -> int:
         if "event=worker_stopped" in line
     ]
     for line in stopped:  # each process's writes: direct, or in shared transactions
-        print("  " + " ".join(f for f in line.split() if f.startswith("group_commit")))
+        print(
+            "  "
+            + " ".join(f for f in line.split() if f.startswith(("group_commit", "group_finalize")))
+        )
     print(
         f"  CPU per run: worker {worker_cpu / done * 1000:.2f} ms (its start included: "
         f"{worker_cpu:.2f} s in all), PostgreSQL server {server_cpu / done * 1000:.2f} ms"

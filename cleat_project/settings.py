@@ -357,9 +357,10 @@ CLEAT_VERSION_CHECK_INTERVAL_SECONDS = env.float(
 CLEAT_VERSION_GC = env.bool("CLEAT_VERSION_GC", default=False)
 # Adaptive group commit (PostgreSQL; workflows/store/group_commit.py): above this many
 # per-step appends per second in a worker process, the appends of its running segments are
-# written in shared transactions, each closed at MAX_EVENTS events, after MAX_WAIT_MS, or as
-# soon as every running segment waits for it (0: always batched); below half of it each is
-# written on its own. CLEAT_GROUP_COMMIT=false: always on its own.
+# written in shared transactions: what arrives while one is being written, closed when that
+# write ends, at MAX_EVENTS events or after MAX_WAIT_MS (0: always batched); below half of it
+# each is written on its own. Completed runs' finalizes are batched the same way, their rate
+# counted apart. CLEAT_GROUP_COMMIT=false: always on its own.
 CLEAT_GROUP_COMMIT = env.bool("CLEAT_GROUP_COMMIT", default=True)
 CLEAT_GROUP_COMMIT_MIN_RATE = env.float("CLEAT_GROUP_COMMIT_MIN_RATE", default=200.0)
 CLEAT_GROUP_COMMIT_MAX_EVENTS = env.int("CLEAT_GROUP_COMMIT_MAX_EVENTS", default=64)

@@ -377,12 +377,14 @@ class Worker:
                 self._listener = None
             self._unregister()
             close_old_connections()
-            group = group_commit.committer()
+            group, finalizes = group_commit.committer(), group_commit.finalizer()
             log.info(
                 "event=worker_stopped worker=%s processed=%d %s",
                 opts.worker_id,
                 self.processed,
-                group.summary() if group is not None else "group_commit=off",
+                f"{group.summary()} {finalizes.summary('group_finalize')}"
+                if group is not None and finalizes is not None
+                else "group_commit=off",
             )
         return self.processed
 

@@ -1,5 +1,6 @@
 """The adaptive group commit (workflows/store/group_commit.py): the per-step appends of the
-runs a worker process executes, written together in shared transactions on PostgreSQL.
+runs a worker process executes, and the finalizes of those that complete, written together in
+shared transactions on PostgreSQL.
 
 The gathering rules (mode switch, when a batch closes, a failed batch) are checked with the
 writer replaced; the rest against the database: several runs' appends in one transaction,
@@ -243,6 +244,56 @@ def test_below_the_threshold_each_append_is_direct_and_above_it_batched(
     assert group.totals["direct"] >= 2
 
 
+def test_finalizes_share_a_batch_and_each_gets_its_own_answer(monkeypatch: Any) -> None:
+    """The finalizes of completed runs gather as the appends do; each caller gets its own
+    run's answer (whether its fence matched, and its parent to wake)."""
+    group = GroupCommit(
+        Settings(enabled=True, min_rate=0, max_events=64, max_wait_s=60.0),
+        lambda batch: group_commit.write_finalizes(batch),
+    )
+    monkeypatch.setattr(group_commit, "finalizer", lambda: group)
+    batches: list[list[str]] = []
+
+    def written(batch: Any) -> set[str]:
+        batches.append([item.ref.run_id for item in batch])
+        time.sleep(0.2)
+        for item in batch:
+            item.parent_id = f"parent-of-{item.ref.run_id}"
+        return {item.ref.run_id for item in batch} - {"run-2"}
+
+    monkeypatch.setattr(group_commit, "write_finalizes", written)
+    results: dict[str, Any] = {}
+    barrier = threading.Barrier(6)
+
+    def one(i: int) -> None:
+        ref = _ref(i)
+        barrier.wait()
+        results[ref.run_id] = group_commit.finalize(ref, [i])
+
+    threads = [threading.Thread(target=one, args=(i,)) for i in range(6)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(10)
+    assert results.pop("run-2") == (False, "parent-of-run-2")
+    assert results == {f"run-{i}": (True, f"parent-of-run-{i}") for i in (0, 1, 3, 4, 5)}
+    assert sum(len(b) for b in batches) == 6
+    assert len(batches) <= 3, batches
+    assert group.totals["batched"] == 6
+
+
+def test_a_slow_process_finalizes_directly(monkeypatch: Any) -> None:
+    """Below the threshold a finalize is not batched: the caller writes it in a
+    transaction of its own."""
+    group = GroupCommit(
+        Settings(enabled=True, min_rate=1000, max_events=64, max_wait_s=0.0),
+        lambda batch: pytest.fail("a slow process's finalize was batched"),
+    )
+    monkeypatch.setattr(group_commit, "finalizer", lambda: group)
+    assert group_commit.finalize(_ref(0), []) is None
+    assert group.totals["direct"] == 1
+
+
 # --- against the database ------------------------------------------------------------------------
 
 
@@ -396,12 +447,118 @@ def test_a_worker_with_every_append_batched_loses_nothing(tenant: Any, committer
     assert rows == [(RunStatus.DONE, 5)] * 40
     for run in runs:
         assert _stored_steps(tenant, str(run.id)) == [0, 1, 2, 3, 4]
+    finalizes = group_commit.finalizer()
+    assert finalizes is not None
     if connection.vendor == "postgresql":
         # each run's first four calls: the fifth's event is written by the run's finalize
         assert group.totals["batched"] == 40 * 4
         assert group.totals["direct"] == 0
+        assert finalizes.totals["batched"] == 40
     else:
         assert group.totals["batched"] == 0
+        assert finalizes.totals["batched"] == 0
+
+
+def _completed(steps: int) -> Any:
+    """A segment's result that completes its run after ``steps`` new events."""
+    from engine.outcomes import Completed, SegmentResult
+
+    events = tuple(_event(step) for step in range(steps))
+    return SegmentResult(Completed('"ok"'), events, events, {}, 0, steps)
+
+
+@pytest.mark.postgres_only  # the shared transactions are PostgreSQL's; elsewhere: direct
+def test_runs_completing_together_share_a_finalize_and_a_lost_fence_fails_alone(
+    tenant: Any, committer: Any
+) -> None:
+    from workflows.models import RunStatus, WorkflowInstance
+    from workflows.store.lifecycle import finalize_segment
+    from workflows.tenancy import tenant_context
+
+    committer(min_rate=0, max_wait_ms=30_000)
+    finalizes = group_commit.finalizer()
+    assert finalizes is not None
+    refs = _claimed_runs(tenant, 5, "gc")
+    lost = refs[2]
+    with tenant_context(tenant.id):  # reaped and claimed again elsewhere meanwhile
+        WorkflowInstance.objects.filter(id=lost.run_id).update(generation=lost.generation + 1)
+    barrier = threading.Barrier(len(refs))
+    outcome: dict[str, Any] = {}
+
+    def one(ref: RunRef) -> None:
+        try:
+            barrier.wait()
+            outcome[ref.run_id] = finalize_segment(ref, _completed(2)).status
+        except FenceLost as exc:
+            outcome[ref.run_id] = exc
+        finally:
+            connections.close_all()
+
+    threads = [threading.Thread(target=one, args=(ref,)) for ref in refs]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(30)
+    assert isinstance(outcome.pop(lost.run_id), FenceLost)
+    assert list(outcome.values()) == [RunStatus.DONE] * 4
+    assert _stored_steps(tenant, lost.run_id) == []
+    with tenant_context(tenant.id):
+        statuses = dict(
+            WorkflowInstance.objects.filter(id__in=[r.run_id for r in refs]).values_list(
+                "id", "status"
+            )
+        )
+    for ref in refs:
+        if ref is not lost:
+            assert _stored_steps(tenant, ref.run_id) == [0, 1]
+            assert statuses[uuid.UUID(ref.run_id)] == RunStatus.DONE
+    assert statuses[uuid.UUID(lost.run_id)] == RunStatus.RUNNING  # untouched by this worker
+    assert finalizes.totals["batched"] == 5
+    assert finalizes.totals["batches"] < 5  # shared
+
+
+@pytest.mark.postgres_only  # the shared transactions are PostgreSQL's; elsewhere: direct
+def test_a_finalize_returns_only_once_committed_and_a_refused_batch_is_written_directly(
+    tenant: Any, committer: Any, monkeypatch: Any
+) -> None:
+    """A batch the server refuses wrote nothing; each of its finalizes is then written on
+    its own. Whichever way, the run is done for every other connection when the finalize
+    returns."""
+    from workflows.models import RunStatus, WorkflowInstance
+    from workflows.store.lifecycle import finalize_segment
+    from workflows.tenancy import tenant_context
+
+    committer(min_rate=0)
+    finalizes = group_commit.finalizer()
+    assert finalizes is not None
+    first, second = _claimed_runs(tenant, 2, "gc")
+    real = group_commit.write_finalizes
+    calls: list[int] = []
+
+    def refused_once(batch: Any) -> set[str]:
+        calls.append(len(batch))
+        if len(calls) == 1:
+            with connection.cursor() as cursor:
+                cursor.execute("SELECT no_such_column FROM workflows_workflowinstance")
+        return real(batch)
+
+    monkeypatch.setattr(group_commit, "write_finalizes", refused_once)
+    seen: list[Any] = []
+
+    def look(run_id: str) -> None:
+        with tenant_context(tenant.id):
+            seen.append(WorkflowInstance.objects.get(id=run_id).status)
+        connections.close_all()
+
+    for ref, path in ((first, "fallback"), (second, "batched")):
+        assert finalize_segment(ref, _completed(1)).status == RunStatus.DONE
+        assert finalizes.totals[path] == 1
+        reader = threading.Thread(target=look, args=(ref.run_id,))
+        reader.start()
+        reader.join(30)
+        assert _stored_steps(tenant, ref.run_id) == [0]
+    assert seen == [RunStatus.DONE, RunStatus.DONE]
+    assert calls == [1, 1]
 
 
 @pytest.mark.postgres_only  # the heartbeat's definer function is PostgreSQL's

@@ -43,7 +43,19 @@ How it works, for each append (``DjangoStorage.append_events`` asks :func:`appen
 
 A direct append goes through the same function, with one run (``storage.fenced_append``).
 Other databases write each append directly (their store says these statements through the
-ORM). The metrics are ``cleat_group_commit_*``.
+ORM).
+
+**The finalizes of completed runs** are gathered the same way, by a second group commit with
+the same settings (its rate counted apart: finalizes per second): above the threshold, the
+runs that complete while a finalize is being written are finalized together, the statement
+``finalize_done`` once for each in one message -- one implicit transaction, one commit
+(:func:`write_finalizes`). Each run's fence is checked by its own statement; a run that did
+not match is not written and takes the general finalize, which raises ``FenceLost`` for it
+alone. On the 6,000-timer drain (``bench/waiting_bench.py``) this took the server's CPU per
+run from 0.70 to 0.50 ms. A finalize returns only after its batch committed, as an append
+does.
+
+The metrics are ``cleat_group_commit_*`` (the finalizes': ``cleat_group_commit_finalize*``).
 """
 
 from __future__ import annotations
@@ -52,10 +64,10 @@ import json
 import threading
 import time
 import uuid
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
-from typing import Any
+from typing import Any, Generic, TypeVar
 
 from django.conf import settings
 from django.db import connection
@@ -99,6 +111,53 @@ BATCH_FAILURES = Counter(
     "cleat_group_commit_batch_failures_total",
     "Shared transactions that failed (their appends were then written directly)",
 )
+FINALIZES = Counter(
+    "cleat_group_commit_finalizes_total",
+    "Completed runs' finalizes, by how they were written (direct: a transaction of their "
+    "own; batched: in a shared one; fallback: directly after their batch failed)",
+    ["path"],
+)
+FINALIZE_BATCH_RUNS = Histogram(
+    "cleat_group_commit_finalize_batch_runs",
+    "Completed runs whose finalizes one shared transaction wrote",
+    buckets=(1, 2, 4, 8, 16, 32, 64),
+)
+FINALIZE_BATCH_FAILURES = Counter(
+    "cleat_group_commit_finalize_batch_failures_total",
+    "Shared finalize transactions that failed (their finalizes were then written directly)",
+)
+
+
+FINALIZE_WAIT = Histogram(
+    "cleat_group_commit_finalize_wait_seconds",
+    "How long a finalize waited for its batch to close",
+    buckets=(0.0001, 0.0005, 0.001, 0.002, 0.005, 0.01, 0.025, 0.05),
+)
+FINALIZE_MODE_SWITCHES = Counter(
+    "cleat_group_commit_finalize_mode_switches_total",
+    "Switches between direct finalizes and batches, by the mode switched to",
+    ["to"],
+)
+
+
+@dataclass(frozen=True)
+class _Meters:
+    """The metrics of one kind of shared write (appends, completed runs' finalizes)."""
+
+    writes: Counter
+    batch_runs: Histogram
+    wait: Histogram
+    switches: Counter
+    failures: Counter
+    batch_events: Histogram | None = None
+
+
+_APPEND_METERS = _Meters(
+    APPENDS, BATCH_RUNS, BATCH_WAIT, MODE_SWITCHES, BATCH_FAILURES, BATCH_EVENTS
+)
+_FINALIZE_METERS = _Meters(
+    FINALIZES, FINALIZE_BATCH_RUNS, FINALIZE_WAIT, FINALIZE_MODE_SWITCHES, FINALIZE_BATCH_FAILURES
+)
 
 
 def next_mode(batched: bool, rate: float, min_rate: float) -> bool:
@@ -139,14 +198,46 @@ class _Append:
     # failed (nothing written): write it directly
     committed: bool | None = None
 
+    @property
+    def size(self) -> int:
+        return len(self.rows)
 
-class GroupCommit:
-    """The process's group commit (see the module's docstring). Thread-safe."""
 
-    def __init__(self, config: Settings) -> None:
+@dataclass(eq=False)
+class _Finalize:
+    """A completed run's finalize (``cleat.finalize_done``'s arguments, payloads sealed), as
+    :func:`write_finalizes` takes it."""
+
+    ref: RunRef
+    params: list[Any]
+    done: threading.Event = field(default_factory=threading.Event)
+    committed: bool | None = None  # as _Append's
+    parent_id: Any = None  # what the function returned for a matched run: its parent, if any
+
+    @property
+    def size(self) -> int:
+        return 1
+
+
+_Item = TypeVar("_Item", _Append, _Finalize)
+
+
+class GroupCommit(Generic[_Item]):
+    """The process's group commit of one kind of write (see the module's docstring):
+    ``write`` (by default :func:`write_batch`, the appends') writes a batch in one
+    transaction and returns the ids of the runs whose fence matched. Thread-safe."""
+
+    def __init__(
+        self,
+        config: Settings,
+        write: Callable[[list[_Item]], set[str]] | None = None,
+        meters: _Meters = _APPEND_METERS,
+    ) -> None:
         self.config = config
+        self._write: Callable[[list[_Item]], set[str]] | None = write
+        self._meters = meters
         self._cond = threading.Condition()
-        self._open: list[_Append] = []  # the batch being gathered
+        self._open: list[_Item] = []  # the batch being gathered
         self._open_events = 0
         self._open_runs: set[str] = set()
         self._leading = False  # a leader is gathering _open
@@ -154,21 +245,31 @@ class GroupCommit:
         self.batched = config.min_rate <= 0
         self._window_start = time.monotonic()
         self._window_count = 0
-        # totals for summary(): appends by path, batches written, events in them
+        # totals for summary(): writes by path, batches written, events (or runs) in them
         self.totals = {"direct": 0, "batched": 0, "fallback": 0, "batches": 0, "events": 0}
 
     def _count(self) -> bool:
-        """Count one append (under the lock); whether it is batched."""
+        """Count one write (under the lock); whether it is batched."""
         now = time.monotonic()
         self._window_count += 1
         elapsed = now - self._window_start
         if elapsed >= RATE_WINDOW_S:
             batched = next_mode(self.batched, self._window_count / elapsed, self.config.min_rate)
             if batched != self.batched:
-                MODE_SWITCHES.labels("batched" if batched else "direct").inc()
+                self._meters.switches.labels("batched" if batched else "direct").inc()
                 self.batched = batched
             self._window_start, self._window_count = now, 0
         return self.batched
+
+    def counted_batched(self) -> bool:
+        """Count one write; whether it goes in a batch (else the caller writes it
+        directly)."""
+        with self._cond:
+            if self._count():
+                return True
+            self.totals["direct"] += 1
+        self._meters.writes.labels("direct").inc()
+        return False
 
     def append(
         self, tenant_id: uuid.UUID, ref: RunRef, events: Sequence[Event], now: datetime
@@ -179,30 +280,30 @@ class GroupCommit:
         caller writes them directly."""
         if not events or not contiguous(events) or not _can_batch():
             return None
-        with self._cond:
-            if not self._count():
-                APPENDS.labels("direct").inc()
-                self.totals["direct"] += 1
-                return None
+        if not self.counted_batched():
+            return None
         # On this run's own thread, outside the lock: an error here (a payload that does
         # not seal) is this run's, and the encoding of one run does not hold up the others.
-        item = prepared(tenant_id, ref, events, now)
+        return self.write(prepared(tenant_id, ref, events, now))  # type: ignore[arg-type]
+
+    def write(self, item: _Item) -> bool | None:
+        """Write ``item`` with the others gathered meanwhile (a counted, batched write)."""
         with self._cond:
             # A full batch, or one that holds this run already (a run appends one step at
             # a time; events join their run by id): join the next one.
             while self._leading and (
-                self._open_events >= self.config.max_events or ref.run_id in self._open_runs
+                self._open_events >= self.config.max_events or item.ref.run_id in self._open_runs
             ):
                 self._cond.wait()
             self._open.append(item)
-            self._open_runs.add(ref.run_id)
-            self._open_events += len(events)
+            self._open_runs.add(item.ref.run_id)
+            self._open_events += item.size
             lead = not self._leading
             if lead:
                 self._leading = True
                 batch = self._gather()
-            else:
-                self._cond.notify_all()  # the leader checks whether the batch is full
+            elif self._open_events >= self.config.max_events:
+                self._cond.notify_all()  # the batch is full: its leader writes it now
         try:
             if lead:
                 self._flush(batch)
@@ -212,21 +313,22 @@ class GroupCommit:
             with self._cond:
                 path = "fallback" if item.committed is None else "batched"
                 self.totals[path] += 1
-        APPENDS.labels(path).inc()
+        self._meters.writes.labels(path).inc()
         return item.committed
 
-    def summary(self) -> str:
+    def summary(self, name: str = "group_commit") -> str:
         """The totals, for the worker's last log line."""
         with self._cond:
             t = dict(self.totals)
         per_batch = t["events"] / t["batches"] if t["batches"] else 0.0
         return (
-            f"group_commit_direct={t['direct']} group_commit_batched={t['batched']} "
-            f"group_commit_fallback={t['fallback']} group_commit_batches={t['batches']} "
-            f"group_commit_events_per_batch={per_batch:.1f}"
+            f"{name}_direct={t['direct']} {name}_batched={t['batched']} "
+            f"{name}_fallback={t['fallback']} {name}_batches={t['batches']} "
+            f"{name}_{'events' if self._meters.batch_events else 'runs'}_per_batch="
+            f"{per_batch:.1f}"
         )
 
-    def _gather(self) -> list[_Append]:
+    def _gather(self) -> list[_Item]:
         """The leader's wait (under the lock): while another batch is being written, until
         that write ends, the batch is full or its time is up; then the batch is taken and
         the next can gather."""
@@ -240,7 +342,7 @@ class GroupCommit:
             ):
                 break
             self._cond.wait(max(0.0, deadline - time.monotonic()))
-        BATCH_WAIT.observe(time.monotonic() - started)
+        self._meters.wait.observe(time.monotonic() - started)
         batch, self._open, self._open_events = self._open, [], 0
         self._open_runs = set()
         self._leading = False
@@ -248,18 +350,20 @@ class GroupCommit:
         self._cond.notify_all()  # whoever waits for a batch with room: this one is open
         return batch
 
-    def _flush(self, batch: list[_Append]) -> None:
+    def _flush(self, batch: list[_Item]) -> None:
         """Write the batch on this (the leader's) thread's connection; tell every caller."""
         try:
-            matched = write_batch(batch)
+            # looked up at each write: tests replace the module's writers
+            matched = (self._write or write_batch)(batch)  # type: ignore[arg-type]
         except Exception:  # nothing of the batch was written: each writes its own directly
-            BATCH_FAILURES.inc()
+            self._meters.failures.inc()
             for item in batch:
                 item.committed = None
         else:
-            events = sum(len(item.rows) for item in batch)
-            BATCH_EVENTS.observe(events)
-            BATCH_RUNS.observe(len(batch))
+            events = sum(item.size for item in batch)
+            if self._meters.batch_events is not None:
+                self._meters.batch_events.observe(events)
+            self._meters.batch_runs.observe(len(batch))
             with self._cond:
                 self.totals["batches"] += 1
                 self.totals["events"] += events
@@ -300,6 +404,26 @@ def write_batch(batch: Sequence[_Append]) -> set[str]:
         return {str(row[0]) for row in cursor.fetchall()}
 
 
+def write_finalizes(batch: Sequence[_Finalize]) -> set[str]:
+    """Completed runs' finalizes in one message: the statement ``finalize_done`` once for
+    each (sql/postgresql.py; with client-side binding, several statements travel in one
+    message and run in one implicit transaction -- one commit for all). Sets each matched
+    run's ``parent_id``; returns the ids of the runs whose fence matched (written)."""
+    statement = queries(connection)["finalize_done"]
+    params = [value for item in batch for value in item.params]
+    matched: set[str] = set()
+    with connection.cursor() as cursor:
+        cursor.execute(";\n".join([statement] * len(batch)), params)
+        for i, item in enumerate(batch):
+            if i:
+                cursor.nextset()
+            rows = cursor.fetchall()
+            if rows:
+                item.parent_id = rows[0][0]
+                matched.add(item.ref.run_id)
+    return matched
+
+
 def _json(value: Any) -> str:
     return json.dumps(value, separators=(",", ":"), ensure_ascii=False)
 
@@ -338,30 +462,46 @@ def prepared(tenant_id: uuid.UUID, ref: RunRef, events: Sequence[Event], now: da
     return _Append(ref, run, rows)
 
 
-_committer: GroupCommit | None = None
+_committer: GroupCommit[_Append] | None = None
+_finalizer: GroupCommit[_Finalize] | None = None
 _made = False
 _committer_lock = threading.Lock()
 
 
-def committer() -> GroupCommit | None:
-    """The process's group commit, made from the settings at first use; None when it is
-    turned off (``CLEAT_GROUP_COMMIT=false``)."""
-    global _committer, _made
-    if _made:
-        return _committer
+def _make() -> None:
+    global _committer, _finalizer, _made
     with _committer_lock:
         if not _made:
             config = Settings.from_django()
-            _committer = GroupCommit(config) if config.enabled else None
+            if config.enabled:
+                _committer = GroupCommit(config)
+                _finalizer = GroupCommit(
+                    config, lambda batch: write_finalizes(batch), _FINALIZE_METERS
+                )
             _made = True
-        return _committer
+
+
+def committer() -> GroupCommit[_Append] | None:
+    """The process's group commit of appends, made from the settings at first use; None when
+    it is turned off (``CLEAT_GROUP_COMMIT=false``)."""
+    if not _made:
+        _make()
+    return _committer
+
+
+def finalizer() -> GroupCommit[_Finalize] | None:
+    """The process's group commit of completed runs' finalizes (the same settings; its rate
+    is counted apart from the appends')."""
+    if not _made:
+        _make()
+    return _finalizer
 
 
 def reset() -> None:
-    """Forget the process's group commit (tests changing its settings)."""
-    global _committer, _made
+    """Forget the process's group commits (tests changing their settings)."""
+    global _committer, _finalizer, _made
     with _committer_lock:
-        _committer, _made = None, False
+        _committer, _finalizer, _made = None, None, False
 
 
 def append(
@@ -372,4 +512,27 @@ def append(
     return None if group is None else group.append(tenant_id, ref, events, now)
 
 
-__all__ = ["GroupCommit", "Settings", "append", "committer", "next_mode", "reset"]
+def finalize(ref: RunRef, params: list[Any]) -> tuple[bool, Any] | None:
+    """A completed run's finalize (``finalize_done``'s ``params``) in a shared transaction,
+    when the process finalizes fast: (True, its parent id or None) when committed; (False,
+    None) when its fence did not match (nothing written: the caller's general path tells
+    why); None when not batched or its batch failed -- the caller writes it directly. The
+    caller's connection is outside a transaction and binds on the client."""
+    group = finalizer()
+    if group is None or not group.counted_batched():
+        return None
+    item = _Finalize(ref, params)
+    committed = group.write(item)
+    return None if committed is None else (committed, item.parent_id)
+
+
+__all__ = [
+    "GroupCommit",
+    "Settings",
+    "append",
+    "committer",
+    "finalize",
+    "finalizer",
+    "next_mode",
+    "reset",
+]

@@ -56,7 +56,7 @@ from workflows.models import (
     WorkflowInstance,
     checkpoint_state,
 )
-from workflows.store import compaction, task_calls, wake
+from workflows.store import compaction, group_commit, task_calls, wake
 from workflows.store.group_commit import contiguous
 from workflows.store.sql import array_literal, queries
 from workflows.store.storage import (
@@ -667,11 +667,16 @@ def _complete_in_one_message(
         seal_column(UpdateRequest, "result", tenant, (ref.run_id,), done.updates_failure),
     ]
     with connection.cursor() as cursor:
-        cursor.execute(finalize_sql, params)
-        matched = cursor.fetchall()
+        # Above the group commit's rate, with the finalizes of the process's other completed
+        # runs in one transaction (several statements in one message: client-side binding).
+        shared = group_commit.finalize(ref, params) if client_side_binding(cursor) else None
+        if shared is None:
+            cursor.execute(finalize_sql, params)
+            rows = cursor.fetchall()
+            shared = (True, rows[0][0]) if rows else (False, None)
+    matched, parent_id = shared
     if not matched:
         return False
-    parent_id = matched[0][0]
     if parent_id is not None:
         wake.after_commit(tenant, parent_id)  # committed already: runs at once
     return True
