@@ -17,6 +17,9 @@ class WorkflowsConfig(AppConfig):
 
         from workflows import celery_calls, dispatch, duties, faults, retention, version_duty
         from workflows.maintenance import reaper_duty, wake_sweep_duty
+        from workflows.store import timestamps
+
+        timestamps.install()  # PostgreSQL timestamps parsed in C (store/timestamps.py)
 
         for check in CONFIGURATION_CHECKS:
             checks.register(check, CHECK_TAG)
