@@ -326,6 +326,29 @@ def _stored_steps(tenant: Any, run_id: str) -> list[int]:
         )
 
 
+def _together(refs: list[RunRef], write: Any) -> dict[str, Any]:
+    """``write(ref)`` for each run, on a thread of its own, all at the same moment: each
+    run's answer, or the ``FenceLost`` it raised."""
+    barrier = threading.Barrier(len(refs))
+    outcome: dict[str, Any] = {}
+
+    def one(ref: RunRef) -> None:
+        try:
+            barrier.wait()
+            outcome[ref.run_id] = write(ref)
+        except FenceLost as exc:
+            outcome[ref.run_id] = exc
+        finally:
+            connections.close_all()
+
+    threads = [threading.Thread(target=one, args=(ref,)) for ref in refs]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(30)
+    return outcome
+
+
 @pytest.mark.postgres_only  # the shared transactions are PostgreSQL's; elsewhere: direct
 def test_runs_appending_together_share_a_transaction_and_a_lost_fence_fails_alone(
     tenant: Any, committer: Any
@@ -341,24 +364,12 @@ def test_runs_appending_together_share_a_transaction_and_a_lost_fence_fails_alon
     with tenant_context(tenant.id):  # reaped and claimed again elsewhere meanwhile
         WorkflowInstance.objects.filter(id=lost.run_id).update(generation=lost.generation + 1)
     storage = DjangoStorage(tenant.id)
-    barrier = threading.Barrier(len(refs))
-    outcome: dict[str, Any] = {}
 
-    def one(ref: RunRef) -> None:
-        try:
-            barrier.wait()
-            storage.append_events(ref, [_event(0), _event(1)])
-            outcome[ref.run_id] = "ok"
-        except FenceLost as exc:
-            outcome[ref.run_id] = exc
-        finally:
-            connections.close_all()
+    def append(ref: RunRef) -> str:
+        storage.append_events(ref, [_event(0), _event(1)])
+        return "ok"
 
-    threads = [threading.Thread(target=one, args=(ref,)) for ref in refs]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(30)
+    outcome = _together(refs, append)
     assert isinstance(outcome.pop(lost.run_id), FenceLost)
     assert list(outcome.values()) == ["ok"] * 4
     assert _stored_steps(tenant, lost.run_id) == []
@@ -482,23 +493,7 @@ def test_runs_completing_together_share_a_finalize_and_a_lost_fence_fails_alone(
     lost = refs[2]
     with tenant_context(tenant.id):  # reaped and claimed again elsewhere meanwhile
         WorkflowInstance.objects.filter(id=lost.run_id).update(generation=lost.generation + 1)
-    barrier = threading.Barrier(len(refs))
-    outcome: dict[str, Any] = {}
-
-    def one(ref: RunRef) -> None:
-        try:
-            barrier.wait()
-            outcome[ref.run_id] = finalize_segment(ref, _completed(2)).status
-        except FenceLost as exc:
-            outcome[ref.run_id] = exc
-        finally:
-            connections.close_all()
-
-    threads = [threading.Thread(target=one, args=(ref,)) for ref in refs]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(30)
+    outcome = _together(refs, lambda ref: finalize_segment(ref, _completed(2)).status)
     assert isinstance(outcome.pop(lost.run_id), FenceLost)
     assert list(outcome.values()) == [RunStatus.DONE] * 4
     assert _stored_steps(tenant, lost.run_id) == []

@@ -60,6 +60,7 @@ The metrics are ``cleat_group_commit_*`` (the finalizes': ``cleat_group_commit_f
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import threading
 import time
@@ -81,64 +82,6 @@ from workflows.store.sql import queries
 
 RATE_WINDOW_S = 0.25
 
-APPENDS = Counter(
-    "cleat_group_commit_appends_total",
-    "Per-step appends, by how they were written (direct: a transaction of their own; "
-    "batched: in a shared one; fallback: directly after their batch failed)",
-    ["path"],
-)
-BATCH_EVENTS = Histogram(
-    "cleat_group_commit_batch_events",
-    "Events written by one shared transaction",
-    buckets=(1, 2, 4, 8, 16, 32, 64, 128, 256),
-)
-BATCH_RUNS = Histogram(
-    "cleat_group_commit_batch_runs",
-    "Runs whose appends one shared transaction wrote",
-    buckets=(1, 2, 4, 8, 16, 32, 64),
-)
-BATCH_WAIT = Histogram(
-    "cleat_group_commit_wait_seconds",
-    "How long an append waited for its batch to close",
-    buckets=(0.0001, 0.0005, 0.001, 0.002, 0.005, 0.01, 0.025, 0.05),
-)
-MODE_SWITCHES = Counter(
-    "cleat_group_commit_mode_switches_total",
-    "Switches between direct appends and batches, by the mode switched to",
-    ["to"],
-)
-BATCH_FAILURES = Counter(
-    "cleat_group_commit_batch_failures_total",
-    "Shared transactions that failed (their appends were then written directly)",
-)
-FINALIZES = Counter(
-    "cleat_group_commit_finalizes_total",
-    "Completed runs' finalizes, by how they were written (direct: a transaction of their "
-    "own; batched: in a shared one; fallback: directly after their batch failed)",
-    ["path"],
-)
-FINALIZE_BATCH_RUNS = Histogram(
-    "cleat_group_commit_finalize_batch_runs",
-    "Completed runs whose finalizes one shared transaction wrote",
-    buckets=(1, 2, 4, 8, 16, 32, 64),
-)
-FINALIZE_BATCH_FAILURES = Counter(
-    "cleat_group_commit_finalize_batch_failures_total",
-    "Shared finalize transactions that failed (their finalizes were then written directly)",
-)
-
-
-FINALIZE_WAIT = Histogram(
-    "cleat_group_commit_finalize_wait_seconds",
-    "How long a finalize waited for its batch to close",
-    buckets=(0.0001, 0.0005, 0.001, 0.002, 0.005, 0.01, 0.025, 0.05),
-)
-FINALIZE_MODE_SWITCHES = Counter(
-    "cleat_group_commit_finalize_mode_switches_total",
-    "Switches between direct finalizes and batches, by the mode switched to",
-    ["to"],
-)
-
 
 @dataclass(frozen=True)
 class _Meters:
@@ -152,12 +95,50 @@ class _Meters:
     batch_events: Histogram | None = None
 
 
-_APPEND_METERS = _Meters(
-    APPENDS, BATCH_RUNS, BATCH_WAIT, MODE_SWITCHES, BATCH_FAILURES, BATCH_EVENTS
+def _meters(writes: str, prefix: str, things: str) -> _Meters:
+    """The metrics of one kind of write (``things``: what the help texts call them):
+    ``cleat_group_commit_<writes>_total`` and ``cleat_group_commit_<prefix>batch_runs``,
+    ``..._wait_seconds``, ``..._mode_switches_total``, ``..._batch_failures_total``."""
+    name = f"cleat_group_commit_{prefix}"
+    return _Meters(
+        writes=Counter(
+            f"cleat_group_commit_{writes}_total",
+            f"{things[0].upper()}{things[1:]}, by how they were written (direct: a transaction "
+            "of their own; batched: in a shared one; fallback: directly after their batch "
+            "failed)",
+            ["path"],
+        ),
+        batch_runs=Histogram(
+            f"{name}batch_runs",
+            f"Runs in one shared transaction of {things}",
+            buckets=(1, 2, 4, 8, 16, 32, 64),
+        ),
+        wait=Histogram(
+            f"{name}wait_seconds",
+            f"How long one of the {things} waited for its batch to close",
+            buckets=(0.0001, 0.0005, 0.001, 0.002, 0.005, 0.01, 0.025, 0.05),
+        ),
+        switches=Counter(
+            f"{name}mode_switches_total",
+            f"Switches between {things} written directly and in batches, by the mode switched to",
+            ["to"],
+        ),
+        failures=Counter(
+            f"{name}batch_failures_total",
+            f"Shared transactions of {things} that failed (each was then written directly)",
+        ),
+    )
+
+
+_APPEND_METERS = dataclasses.replace(
+    _meters("appends", "", "per-step appends"),
+    batch_events=Histogram(
+        "cleat_group_commit_batch_events",
+        "Events written by one shared transaction",
+        buckets=(1, 2, 4, 8, 16, 32, 64, 128, 256),
+    ),
 )
-_FINALIZE_METERS = _Meters(
-    FINALIZES, FINALIZE_BATCH_RUNS, FINALIZE_WAIT, FINALIZE_MODE_SWITCHES, FINALIZE_BATCH_FAILURES
-)
+_FINALIZE_METERS = _meters("finalizes", "finalize_", "completed runs' finalizes")
 
 
 def next_mode(batched: bool, rate: float, min_rate: float) -> bool:
