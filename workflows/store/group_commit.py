@@ -51,9 +51,9 @@ runs that complete while a finalize is being written are finalized together, the
 ``finalize_done`` once for each in one message -- one implicit transaction, one commit
 (:func:`write_finalizes`). Each run's fence is checked by its own statement; a run that did
 not match is not written and takes the general finalize, which raises ``FenceLost`` for it
-alone. On the 6,000-timer drain (``bench/waiting_bench.py``) this took the server's CPU per
-run from 0.70 to 0.50 ms. A finalize returns only after its batch committed, as an append
-does.
+alone. On the 6,000-timer drain (``bench/waiting_bench.py``, five rounds each way) this took
+the server's CPU per run from 0.63-0.79 to 0.50-0.60 ms. A finalize returns only after its
+batch committed, as an append does.
 
 The metrics are ``cleat_group_commit_*`` (the finalizes': ``cleat_group_commit_finalize*``).
 """
