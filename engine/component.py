@@ -1089,6 +1089,7 @@ class ComponentBackend:
         except (wasmtime.WasmtimeError, InvalidModule) as exc:
             if prepared is not None:
                 prepared.output.session = None  # see below
+                prepared.store.close()
             return session.result(
                 classify_component(exc, session, self.config), time.monotonic() - started
             )
@@ -1112,10 +1113,16 @@ class ComponentBackend:
             # 7 MB, kept for the process's life).
             prepared.output.session = None
             if self.warm is not None:
-                self.warm.learn(new_component=inline)  # what the guest wrote, while mapped
+                # What the guest wrote, while mapped: a component's first inline segment.
+                self.warm.learn(_component_key(module) if inline else None)
             if self.ready is not None:
                 try:
                     self.ready.replenish(module, instantiated_inline=inline)
                 except Exception:  # e.g. no thread could be started: the segment stands
                     log.warning("could not ask for instances made ahead", exc_info=True)
+            # Its memory is unmapped now, not when a collection finds the cycle between the
+            # session and the instance: a worker running 8 segments at once kept about a
+            # hundred instances mapped, and every walk of the process's memory map (the
+            # warm pages', the kernel's on each mmap) went through all of them.
+            prepared.store.close()
         return session.result(outcome, time.monotonic() - started)

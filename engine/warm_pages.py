@@ -12,24 +12,30 @@ made private ahead).
 first segments wrote: on Linux, ``/proc/self/pagemap`` tells a page copied out of the file (a
 written one) from the file's own page. It takes the pages written in every instance that
 wrote any -- a segment that ran long wrote more, and what it alone wrote is left out -- after
-the first :data:`LEARN_SEGMENTS` segments of the process and after each segment that made its
-own instance (a component's first in the process), at most :data:`MAX_PAGES` of an image.
+the first :data:`LEARN_SEGMENTS` segments of the process and after the first segment of each
+component that made its own instance (its first in the process), at most :data:`MAX_PAGES`
+of an image.
 Then, for each instance made ahead (``engine.ready_instances``, on the maker's thread), it has
 the kernel make those pages private (``madvise(MADV_POPULATE_WRITE)``, Linux 5.14): the
 contents do not change, only where the faults happen. An instance already written (a segment
 is running in it, or it was made private already) is left alone.
 
+Finding the instances' mappings asks the kernel one writable file-backed mapping at a time
+(``PROCMAP_QUERY``, Linux 6.11; the text of ``/proc/self/maps`` on an older kernel, about
+0.5 ms a read in a worker), and the pages of one instance are made private in one system call
+(``process_madvise``, Linux 6.13; one ``madvise`` per run of pages before).
+
 It never writes guest memory itself, and a range that is no longer mapped only fails its
 ``madvise``; on another system, an older kernel, or when no mapping looks like an image, it
 does nothing. It is off unless ``CLEAT_WARM_PAGES`` (``EngineConfig.warm_pages``) is on: the
-maker pays for each page what the segment no longer pays, and reading the process's memory
-map on top (about 1 ms of CPU an instance against 0.5 ms of the segment's start:
-``bench/README.md``), so it buys latency with CPU, worth it where a core is to spare.
+maker pays for each page what the segment no longer pays, plus finding the mappings
+(``bench/README.md``).
 """
 
 from __future__ import annotations
 
 import ctypes
+import errno
 import logging
 import os
 import struct
@@ -85,15 +91,20 @@ class WarmPages:
         self.enabled = sys.platform.startswith("linux") and os.path.exists("/proc/self/pagemap")
         self.max_pages = max_pages
         self._learned: dict[int, frozenset[int]] = {}  # inode -> page numbers in the image
+        self._components: set[str] = set()  # components whose first segment was learned from
+        # (inode, first page, pages) of a mapping -> the runs of pages to populate in it.
+        self._plans: dict[tuple[int, int, int], tuple[tuple[int, int], ...]] = {}
         self._learning_left = learn_segments
         self._lock = threading.Lock()
         self._madvise: Any = None
+        self._maps = _ImageMaps()
         if self.enabled:
             libc = ctypes.CDLL(None, use_errno=True)
             madvise = libc.madvise
             madvise.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
             madvise.restype = ctypes.c_int
             self._madvise = madvise
+        self._batch: _BatchMadvise | None = _BatchMadvise.open() if self.enabled else None
         self.warmed = 0  # instances whose pages were made private ahead
 
     @property
@@ -105,15 +116,23 @@ class WarmPages:
         with self._lock:
             return {inode: len(pages) for inode, pages in self._learned.items()}
 
-    def learn(self, new_component: bool = False) -> None:
+    def learn(self, component: str | None = None) -> None:
         """After a segment's guest stopped (its thread): note what the live instances wrote.
-        Done for the process's first segments, and for one that made its own instance
-        (``new_component``: a component's first segment in the process, whose image may not
-        be known yet)."""
+        Done for the process's first segments, and for the first segment of a ``component``
+        (its key) that made its own instance: a component's first segment in the process,
+        whose image may not be known yet. Not for every segment that made its own instance:
+        in a worker running more segments at once than instances are made ahead, that is
+        most of them, and each read of every live instance's page map (thousands of entries
+        each) held the lock the others wait on -- the worker ran at a sixth of its rate."""
         with self._lock:
-            if not self.enabled or not (self._learning_left > 0 or new_component):
+            if not self.enabled:
+                return
+            new = component is not None and component not in self._components
+            if not (self._learning_left > 0 or new):
                 return
             self._learning_left = max(0, self._learning_left - 1)
+            if component is not None:
+                self._components.add(component)
             try:
                 written = self._written()
             except OSError as exc:
@@ -123,8 +142,9 @@ class WarmPages:
                 common = frozenset.intersection(*sets)
                 known = self._learned.get(inode)
                 pages = common if known is None else known | common
-                if len(pages) <= self.max_pages:
+                if len(pages) <= self.max_pages and pages != known:
                     self._learned[inode] = pages
+                    self._plans = {k: v for k, v in self._plans.items() if k[0] != inode}
 
     def warm(self) -> None:
         """On the maker's thread, after an instance was made: make the learned pages of every
@@ -132,34 +152,60 @@ class WarmPages:
         with self._lock:
             if not self.enabled or not self._learned:
                 return
-            learned = dict(self._learned)
+            learned = self._learned
         try:
-            mappings = _current_mappings()
+            mappings = self._maps.images(learned.keys())
             fd = os.open("/proc/self/pagemap", os.O_RDONLY)
         except OSError as exc:
             self._off(f"cannot read the process's memory map: {exc}")
             return
         try:
             for mapping in mappings:
-                wanted = learned.get(mapping.inode)
-                if not wanted:
-                    continue
-                first = mapping.offset // self.page
-                count = (mapping.end - mapping.start) // self.page
-                pages = sorted(p - first for p in wanted if first <= p < first + count)
-                if not pages or self._written_page(fd, mapping.start // self.page + pages[0]):
+                runs = self._plan(mapping, learned)
+                if not runs or self._written_page(fd, mapping.start // self.page + runs[0][0]):
                     continue  # in use, or made private already
-                for index, run in _runs(pages):
-                    address = mapping.start + index * self.page
-                    if self._madvise(address, run * self.page, MADV_POPULATE_WRITE) != 0:
-                        errno = ctypes.get_errno()
-                        if errno == 22:  # EINVAL: a kernel without MADV_POPULATE_WRITE
-                            self._off("this kernel cannot populate pages (before Linux 5.14)")
-                            return
-                        break  # unmapped meanwhile (ENOMEM, EFAULT): nothing to warm there
+                page = self.page
+                ranges = [(mapping.start + index * page, length * page) for index, length in runs]
+                try:
+                    self._populate(ranges)
+                except _NoPopulate:
+                    self._off("this kernel cannot populate pages (before Linux 5.14)")
+                    return
                 self.warmed += 1
         finally:
             os.close(fd)
+
+    def _plan(
+        self, mapping: ImageMapping, learned: dict[int, frozenset[int]]
+    ) -> tuple[tuple[int, int], ...]:
+        """The runs of learned pages (first page from the mapping's start, length) to make
+        private in ``mapping``: the same for every instance of an image, so made once."""
+        first = mapping.offset // self.page
+        count = (mapping.end - mapping.start) // self.page
+        key = (mapping.inode, first, count)
+        runs = self._plans.get(key)
+        if runs is None:
+            wanted = learned.get(mapping.inode, frozenset())
+            pages = sorted(p - first for p in wanted if first <= p < first + count)
+            runs = tuple(_runs(pages)) if pages else ()
+            with self._lock:
+                if self._learned.get(mapping.inode) is wanted:
+                    self._plans[key] = runs
+        return runs
+
+    def _populate(self, ranges: list[tuple[int, int]]) -> None:
+        """``madvise(MADV_POPULATE_WRITE)`` each of ``ranges`` (address, length): in one
+        ``process_madvise`` system call where the kernel takes it (Linux 6.13 for this
+        advice), else one ``madvise`` a range. A range no longer mapped ends the call
+        (nothing to warm there); raises :class:`_NoPopulate` when the kernel has no such
+        advice."""
+        if self._batch is not None and self._batch.populate(ranges):
+            return
+        for address, length in ranges:
+            if self._madvise(address, length, MADV_POPULATE_WRITE) != 0:
+                if ctypes.get_errno() == errno.EINVAL:
+                    raise _NoPopulate
+                return  # unmapped meanwhile (ENOMEM, EFAULT): nothing to warm there
 
     # --- internals ---
 
@@ -192,6 +238,187 @@ class WarmPages:
         if self.enabled:
             log.info("not making component pages private ahead: %s", why)
         self.enabled = False
+
+
+class _NoPopulate(Exception):
+    """The kernel has no ``MADV_POPULATE_WRITE``."""
+
+
+class _ProcmapQuery(ctypes.Structure):
+    """``struct procmap_query`` (linux/fs.h, Linux 6.11)."""
+
+    _fields_ = [
+        *(
+            (name, ctypes.c_uint64)
+            for name in (
+                "size",
+                "query_flags",
+                "query_addr",
+                "vma_start",
+                "vma_end",
+                "vma_flags",
+                "vma_page_size",
+                "vma_offset",
+                "inode",
+            )
+        ),
+        *(
+            (name, ctypes.c_uint32)
+            for name in ("dev_major", "dev_minor", "vma_name_size", "build_id_size")
+        ),
+        ("vma_name_addr", ctypes.c_uint64),
+        ("build_id_addr", ctypes.c_uint64),
+    ]
+
+
+# _IOWR('f', 17, struct procmap_query)
+PROCMAP_QUERY = (3 << 30) | (ctypes.sizeof(_ProcmapQuery) << 16) | (ord("f") << 8) | 17
+_QUERY_WRITABLE = 0x02
+_QUERY_SHARED = 0x08
+_QUERY_COVERING_OR_NEXT = 0x10
+_QUERY_FILE_BACKED = 0x20
+_NAME_MAX = 4096
+
+
+class _ImageMaps:
+    """The process's image mappings of given inodes, found with ``PROCMAP_QUERY`` (Linux
+    6.11): one ``ioctl`` per writable file-backed mapping (a few dozen in a worker, the
+    libraries' data included), the path asked for only of those with an image's inode. The
+    kernel writing out the whole map as text instead (``/proc/self/maps``, hundreds of lines:
+    every instance maps several ranges) cost about 0.5 ms an instance made ahead; that is
+    the fallback on older kernels. Not thread-safe: the maker's thread alone calls it."""
+
+    def __init__(self) -> None:
+        self._query_works = sys.platform.startswith("linux")
+        self._ioctl: Any = None
+        self._fd = -1
+        self._pid = -1
+        # Two queries, filled in once: one walks the mappings, one asks for a path.
+        self._walk = self._new_query()
+        self._named = self._new_query()
+        self._name = ctypes.create_string_buffer(_NAME_MAX)
+        self._named.vma_name_addr = ctypes.addressof(self._name)
+
+    @staticmethod
+    def _new_query() -> _ProcmapQuery:
+        query = _ProcmapQuery()
+        query.size = ctypes.sizeof(query)
+        query.query_flags = _QUERY_COVERING_OR_NEXT | _QUERY_FILE_BACKED | _QUERY_WRITABLE
+        return query
+
+    def images(self, inodes: Any) -> list[ImageMapping]:
+        if self._query_works:
+            try:
+                return self._queried(frozenset(inodes))
+            except OSError as exc:
+                if exc.errno not in (errno.ENOTTY, errno.EINVAL, errno.ENOSYS):
+                    raise
+                self._query_works = False  # a kernel before 6.11
+        return [m for m in _current_mappings() if m.inode in inodes]
+
+    def _queried(self, inodes: frozenset[int]) -> list[ImageMapping]:
+        if self._ioctl is None:
+            # The GIL is kept: each call is a microsecond or two in the kernel.
+            ioctl = ctypes.PyDLL(None, use_errno=True).ioctl
+            ioctl.argtypes = [ctypes.c_int, ctypes.c_ulong, ctypes.c_void_p]
+            ioctl.restype = ctypes.c_int
+            self._ioctl = ioctl
+        if self._pid != os.getpid():  # first call, or a forked child: its own memory map
+            if self._fd >= 0:
+                os.close(self._fd)
+                self._fd = -1
+            self._fd = os.open("/proc/self/maps", os.O_RDONLY | os.O_CLOEXEC)
+            self._pid = os.getpid()
+        fd, ioctl, walk, named = self._fd, self._ioctl, self._walk, self._named
+        walk_at, named_at = ctypes.addressof(walk), ctypes.addressof(named)
+        found: list[ImageMapping] = []
+        walk.query_addr = 0
+        while ioctl(fd, PROCMAP_QUERY, walk_at) == 0:
+            walk.query_addr = walk.vma_end
+            if walk.inode in inodes and not walk.vma_flags & _QUERY_SHARED:
+                named.query_addr = walk.vma_start
+                named.vma_name_size = _NAME_MAX
+                if ioctl(fd, PROCMAP_QUERY, named_at) != 0:
+                    self._failed()
+                    continue
+                name = self._name.value
+                if named.vma_start == walk.vma_start and (
+                    name.endswith(b".cwasm") or b"wasm-memory-image" in name
+                ):
+                    found.append(
+                        ImageMapping(walk.vma_start, walk.vma_end, walk.vma_offset, walk.inode)
+                    )
+        self._failed()
+        return found
+
+    @staticmethod
+    def _failed() -> None:
+        """After a query that failed: past the last mapping (``ENOENT``) is no error."""
+        code = ctypes.get_errno()
+        if code != errno.ENOENT:
+            raise OSError(code, os.strerror(code))
+
+
+class _Iovec(ctypes.Structure):
+    _fields_ = [("iov_base", ctypes.c_void_p), ("iov_len", ctypes.c_size_t)]
+
+
+_SYS_PROCESS_MADVISE = 440  # the same number on every Linux architecture
+_UIO_MAXIOV = 1024
+
+
+class _BatchMadvise:
+    """``process_madvise`` on the process itself: many ranges, one system call (an instance's
+    ~170 learned pages lie in about a hundred runs). Linux 6.13 takes any advice for the
+    caller's own process; an older one refuses ``MADV_POPULATE_WRITE`` there
+    (``EINVAL``), and the ranges are then advised one call each."""
+
+    def __init__(self, syscall: Any) -> None:
+        self._syscall = syscall
+        self._pid = -1
+        self._pidfd = -1
+        self._works = True
+
+    @classmethod
+    def open(cls) -> _BatchMadvise | None:
+        if not hasattr(os, "pidfd_open"):
+            return None
+        syscall = ctypes.CDLL(None, use_errno=True).syscall
+        syscall.restype = ctypes.c_long
+        return cls(syscall)
+
+    def populate(self, ranges: list[tuple[int, int]]) -> bool:
+        """Whether ``ranges`` were populated here (True also when one was unmapped
+        meanwhile: there is nothing to warm then); False: advise them one by one."""
+        if not self._works:
+            return False
+        if self._pid != os.getpid():  # first call, or a forked child: its own pidfd
+            try:
+                self._pidfd = os.pidfd_open(os.getpid())
+            except OSError:
+                self._works = False
+                return False
+            self._pid = os.getpid()
+        for at in range(0, len(ranges), _UIO_MAXIOV):
+            chunk = ranges[at : at + _UIO_MAXIOV]
+            vector = (_Iovec * len(chunk))(*(_Iovec(a, n) for a, n in chunk))
+            done = self._syscall(
+                ctypes.c_long(_SYS_PROCESS_MADVISE),
+                ctypes.c_int(self._pidfd),
+                vector,
+                ctypes.c_size_t(len(chunk)),
+                ctypes.c_int(MADV_POPULATE_WRITE),
+                ctypes.c_uint(0),
+            )
+            if done < 0:
+                code = ctypes.get_errno()
+                if code in (errno.EINVAL, errno.ENOSYS, errno.EPERM, errno.EBADF):
+                    self._works = False  # before 6.13, or no such call: one madvise a range
+                    return False
+                return True  # unmapped meanwhile: nothing to warm there
+            if done < sum(length for _, length in chunk):
+                return True
+        return True
 
 
 def _current_mappings() -> list[ImageMapping]:

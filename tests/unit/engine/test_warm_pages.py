@@ -1,10 +1,33 @@
-"""engine.warm_pages: which mappings are memory images, and the runs of pages it populates."""
+"""engine.warm_pages: which mappings are memory images, what it learns, and the pages it
+populates."""
 
 from __future__ import annotations
 
+import ctypes
+import mmap
+import os
+import struct
+import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
 from typing import Any
 
-from engine.warm_pages import ImageMapping, WarmPages, _runs, image_mappings
+import pytest
+
+from engine.warm_pages import (
+    ImageMapping,
+    WarmPages,
+    _ImageMaps,
+    _is_written,
+    _runs,
+    image_mappings,
+)
+
+# The page maps, mapping queries and page population are Linux's (the CI machine's).
+linux_only = pytest.mark.skipif(
+    not sys.platform.startswith("linux"), reason="/proc/self/pagemap and madvise are Linux's"
+)
 
 MAPS = b"""\
 55d1c0a00000-55d1c0a21000 rw-p 00000000 00:00 0 [heap]
@@ -37,21 +60,94 @@ def test_learning_stops_after_the_first_segments_but_not_for_a_new_component(
     monkeypatch: Any,
 ) -> None:
     """Pages are learned from the first segments, as the pages every instance that wrote
-    any wrote; after those, only a segment that made its own instance (a component's first)
-    is learned from."""
+    any wrote; after those, only the first segment of a component that made its own instance
+    is learned from -- once per component, not at every instance made inline."""
     pages = WarmPages(learn_segments=2)
     monkeypatch.setattr(pages, "enabled", True)
     seen: list[dict[int, list[frozenset[int]]]] = [
         {1: [frozenset({1, 2, 3}), frozenset({2, 3, 4})]},  # two instances of image 1
         {1: [frozenset({2, 3, 9})]},
         {1: [frozenset({50})], 2: [frozenset({7, 8})]},
+        {3: [frozenset({5})]},
     ]
     monkeypatch.setattr(pages, "_written", lambda: seen.pop(0))
     pages.learn()
     assert pages._learned == {1: frozenset({2, 3})}
-    pages.learn()
+    pages.learn("component-a")  # still among the first segments: learned, and a is known
     assert pages._learned == {1: frozenset({2, 3, 9})} and not pages.learning
     pages.learn()  # a further segment on a known component: nothing read
-    assert len(seen) == 1
-    pages.learn(new_component=True)
+    pages.learn("component-a")  # a made its own instance again: nothing read
+    assert len(seen) == 2
+    pages.learn("component-b")
     assert pages._learned == {1: frozenset({2, 3, 9, 50}), 2: frozenset({7, 8})}
+    pages.learn("component-b")
+    assert len(seen) == 1
+
+
+PAGE = mmap.PAGESIZE
+
+
+@contextmanager
+def mapped_image(tmp_path: Path, name: str, pages: int = 8, shared: bool = False) -> Iterator[Any]:
+    """A file named ``name`` mapped writable and private (copy-on-write, as wasmtime maps a
+    memory image), or shared; yields (address, inode)."""
+    path = tmp_path / name
+    path.write_bytes(bytes(range(256)) * (pages * PAGE // 256))
+    with open(path, "r+b") as f:
+        flags = mmap.MAP_SHARED if shared else mmap.MAP_PRIVATE
+        mapping = mmap.mmap(f.fileno(), pages * PAGE, flags=flags)
+    anchor = ctypes.c_char.from_buffer(mapping)
+    try:
+        yield ctypes.addressof(anchor), os.stat(path).st_ino
+    finally:
+        del anchor
+        mapping.close()
+
+
+def written_pages(address: int, pages: int) -> list[int]:
+    """The pages of ``address``'s mapping copied out of their file."""
+    with open("/proc/self/pagemap", "rb") as f:
+        f.seek(address // PAGE * 8)
+        entries = struct.unpack(f"<{pages}Q", f.read(8 * pages))
+    return [i for i, entry in enumerate(entries) if _is_written(entry)]
+
+
+@linux_only
+@pytest.mark.parametrize("by_query", [True, False], ids=["procmap-query", "maps-text"])
+def test_image_mappings_are_found_by_inode_and_name(tmp_path: Path, by_query: bool) -> None:
+    """The private writable mappings of images with a learned inode, found one ioctl a
+    mapping (PROCMAP_QUERY) or, on an older kernel, in the text of /proc/self/maps: a file
+    that is not an image, or an image mapped shared, is not one."""
+    maps = _ImageMaps()
+    maps._query_works = by_query
+    with (
+        mapped_image(tmp_path, "a-fuel0.cwasm") as (address, inode),
+        mapped_image(tmp_path, "data.bin") as (_, other),
+        mapped_image(tmp_path, "b.cwasm", shared=True) as (_, shared),
+    ):
+        found = maps.images({inode, other, shared})
+        assert found == [ImageMapping(address, address + 8 * PAGE, 0, inode)]
+        assert maps.images({other}) == []
+    assert maps._query_works is by_query  # this kernel answers the query (Linux 6.11)
+
+
+@linux_only
+@pytest.mark.parametrize("batched", [True, False], ids=["process_madvise", "madvise"])
+def test_learned_pages_are_made_private_once_per_mapping(tmp_path: Path, batched: bool) -> None:
+    """warm() makes the learned pages of an image mapping not written yet private (a copy of
+    the file's page, the contents unchanged), in one system call or one per run of pages,
+    and leaves a mapping already written alone."""
+    pages = WarmPages()
+    if not batched:
+        pages._batch = None
+    with mapped_image(tmp_path, "c.cwasm", pages=16) as (address, inode):
+        before = ctypes.string_at(address, 16 * PAGE)
+        pages._learned = {inode: frozenset({1, 2, 9})}
+        pages.warm()
+        assert written_pages(address, 16) == [1, 2, 9]
+        assert ctypes.string_at(address, 16 * PAGE) == before
+        assert pages.warmed == 1 and pages.enabled
+        pages.warm()  # written already: not counted again
+        assert pages.warmed == 1
+    if batched:
+        assert pages._batch is not None and pages._batch._works  # this kernel (Linux 6.13)
