@@ -242,9 +242,11 @@ def main(argv: Sequence[str] | None = None) -> None:
     )
     parser.add_argument(
         "--warm-pages",
-        action="store_true",
+        action=argparse.BooleanOptionalAction,
+        default=EngineConfig().warm_pages,
         help="the ready instances get their first call's pages made private ahead "
-        "(CLEAT_WARM_PAGES; compare two runs: in one process it warms every runtime's)",
+        "(CLEAT_WARM_PAGES, on by default; compare two runs: in one process it warms every "
+        "runtime's)",
     )
     args = parser.parse_args(argv)
 

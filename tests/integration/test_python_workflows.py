@@ -204,16 +204,16 @@ def test_the_workers_metrics_count_segments_on_instances_made_ahead(make_env: An
     } <= names
 
 
-def test_warm_pages_are_off_unless_the_setting_turns_them_on(settings: Any) -> None:
-    """CLEAT_WARM_PAGES (default off) reaches the engine's configuration."""
+def test_warm_pages_are_on_unless_the_setting_turns_them_off(settings: Any) -> None:
+    """CLEAT_WARM_PAGES (default on) reaches the engine's configuration."""
     from workflows.conf import cleat_settings
 
     cleat_settings.cache_clear()
     try:
-        assert cleat_settings().engine.warm_pages is False
-        settings.CLEAT_WARM_PAGES = True
-        cleat_settings.cache_clear()
         assert cleat_settings().engine.warm_pages is True
+        settings.CLEAT_WARM_PAGES = False
+        cleat_settings.cache_clear()
+        assert cleat_settings().engine.warm_pages is False
     finally:
         cleat_settings.cache_clear()
 
