@@ -1,29 +1,31 @@
-"""The pages a component's first call writes, made private before a segment calls it.
+"""The pages a component's first call touches, in place before a segment calls it.
 
 A component instance's linear memory starts as a copy-on-write mapping of its memory image:
 the compiled artifact's file (``.cwasm``, from the disk cache) or a ``memfd`` wasmtime made.
 A Python workflow's first call into a fresh instance -- componentize-py's runtime starting,
-``random`` reseeded, the SDK reaching the workflow -- writes about 270 pages of that image,
-each one a page fault on the segment's thread: a trap into the kernel and a copy of the page
-(measured: 1.6 ms from a segment's start to its first ``ctx.call``, 1.0 ms once the pages were
-made private ahead).
+``random`` reseeded, the SDK reaching the workflow -- writes about 200 pages of that image
+and reads about 1,400 more, each write and each read of a page not mapped yet a page fault on
+the segment's thread (a read maps up to 16 pages around it): about 270 faults, a trap into the
+kernel each and, for a write, a copy of the page.
 
 :class:`WarmPages` learns, per image (the file's inode), which of its pages every instance's
-first segments wrote: on Linux, ``/proc/self/pagemap`` tells a page copied out of the file (a
-written one) from the file's own page. It takes the pages written in every instance that
-wrote any -- a segment that ran long wrote more, and what it alone wrote is left out -- after
-the first :data:`LEARN_SEGMENTS` segments of the process and after the first segment of each
-component that made its own instance (its first in the process), at most :data:`MAX_PAGES`
-of an image.
-Then, for each instance made ahead (``engine.ready_instances``, on the maker's thread), it has
-the kernel make those pages private (``madvise(MADV_POPULATE_WRITE)``, Linux 5.14): the
-contents do not change, only where the faults happen. An instance already written (a segment
-is running in it, or it was made private already) is left alone.
+first segments touched: on Linux, ``/proc/self/pagemap`` tells a page copied out of the file
+(a written one) from the file's own page mapped (a read one) and from a page not mapped. It
+takes the pages written, and those only read, in every instance that wrote any -- a segment
+that ran long touched more, and what it alone touched is left out -- after the first
+:data:`LEARN_SEGMENTS` segments of the process and after the first segment of each component
+that made its own instance (its first in the process), at most :data:`MAX_PAGES` of each
+kind. Then, for each instance made ahead (``engine.ready_instances``, on the maker's thread),
+it has the kernel make the written pages private (``madvise(MADV_POPULATE_WRITE)``, Linux
+5.14) and map the read ones (``MADV_POPULATE_READ``): the contents do not change, only where
+the faults happen. An instance already written (a segment is running in it, or it was warmed
+already) is left alone. Measured: the segment's thread took 266 faults before its first call
+reached the service without it, 72 with the written pages alone, none with both.
 
 Finding the instances' mappings asks the kernel one writable file-backed mapping at a time
 (``PROCMAP_QUERY``, Linux 6.11; the text of ``/proc/self/maps`` on an older kernel, about
-0.5 ms a read in a worker), and the pages of one instance are made private in one system call
-(``process_madvise``, Linux 6.13; one ``madvise`` per run of pages before).
+0.5 ms a read in a worker), and each kind of an instance's pages is populated in one system
+call (``process_madvise``, Linux 6.13; one ``madvise`` per run of pages before).
 
 It never writes guest memory itself, and a range that is no longer mapped only fails its
 ``madvise``; on another system, an older kernel, or when no mapping looks like an image, it
@@ -53,9 +55,12 @@ LEARN_SEGMENTS = 3
 MAX_PAGES = 4096
 # Learned pages this close together are made private in one call, with the pages between.
 GAP_PAGES = 2
-MADV_POPULATE_WRITE = 23  # linux/mman.h, since 5.14
+MADV_POPULATE_READ = 22  # linux/mman.h, since 5.14
+MADV_POPULATE_WRITE = 23
 _PRESENT = 1 << 63
 _FILE_OR_SHARED = 1 << 61
+# Runs of pages: (first page from a mapping's start, length).
+_Runs = tuple[tuple[int, int], ...]
 
 
 @dataclass(frozen=True)
@@ -82,18 +87,28 @@ def image_mappings(maps: bytes) -> Iterator[ImageMapping]:
         yield ImageMapping(int(low, 16), int(high, 16), int(fields[2], 16), int(fields[4]))
 
 
+@dataclass(frozen=True)
+class Touched:
+    """The pages of an image an instance's first segments touched: ``written`` ones (copied
+    out of the file) and ``mapped`` ones only read (the file's own page in its page table;
+    the kernel maps up to 16 around each page read)."""
+
+    written: frozenset[int] = frozenset()
+    mapped: frozenset[int] = frozenset()
+
+
 class WarmPages:
-    """Learns the pages first segments write and makes them private in instances made ahead
+    """Learns the pages first segments touch and has them in place in instances made ahead
     (see the module's docstring). Thread-safe; every failure turns it off with a log line."""
 
     def __init__(self, learn_segments: int = LEARN_SEGMENTS, max_pages: int = MAX_PAGES) -> None:
         self.page = os.sysconf("SC_PAGE_SIZE") if hasattr(os, "sysconf") else 4096
         self.enabled = sys.platform.startswith("linux") and os.path.exists("/proc/self/pagemap")
         self.max_pages = max_pages
-        self._learned: dict[int, frozenset[int]] = {}  # inode -> page numbers in the image
+        self._learned: dict[int, Touched] = {}  # inode -> page numbers in the image
         self._components: set[str] = set()  # components whose first segment was learned from
-        # (inode, first page, pages) of a mapping -> the runs of pages to populate in it.
-        self._plans: dict[tuple[int, int, int], tuple[tuple[int, int], ...]] = {}
+        # (inode, first page, pages) of a mapping -> the runs of pages to write and to map.
+        self._plans: dict[tuple[int, int, int], tuple[_Runs, _Runs]] = {}
         self._learning_left = learn_segments
         self._lock = threading.Lock()
         self._madvise: Any = None
@@ -111,13 +126,16 @@ class WarmPages:
     def learning(self) -> bool:
         return self.enabled and self._learning_left > 0
 
-    def learned(self) -> dict[int, int]:
-        """Pages known per image inode."""
+    def learned(self) -> dict[int, tuple[int, int]]:
+        """Pages known per image inode: (written, only read)."""
         with self._lock:
-            return {inode: len(pages) for inode, pages in self._learned.items()}
+            return {
+                inode: (len(pages.written), len(pages.mapped))
+                for inode, pages in self._learned.items()
+            }
 
     def learn(self, component: str | None = None) -> None:
-        """After a segment's guest stopped (its thread): note what the live instances wrote.
+        """After a segment's guest stopped (its thread): note what the live instances touched.
         Done for the process's first segments, and for the first segment of a ``component``
         (its key) that made its own instance: a component's first segment in the process,
         whose image may not be known yet. Not for every segment that made its own instance:
@@ -134,21 +152,23 @@ class WarmPages:
             if component is not None:
                 self._components.add(component)
             try:
-                written = self._written()
+                touched = self._touched()
             except OSError as exc:
                 self._off(f"cannot read the process's page map: {exc}")
                 return
-            for inode, sets in written.items():
-                common = frozenset.intersection(*sets)
-                known = self._learned.get(inode)
-                pages = common if known is None else known | common
-                if len(pages) <= self.max_pages and pages != known:
+            for inode, instances in touched.items():
+                known = self._learned.get(inode, Touched())
+                written = known.written | frozenset.intersection(*(t.written for t in instances))
+                mapped = known.mapped | frozenset.intersection(*(t.mapped for t in instances))
+                pages = Touched(written, mapped - written)
+                small = len(written) <= self.max_pages and len(mapped) <= self.max_pages
+                if small and pages != known:
                     self._learned[inode] = pages
                     self._plans = {k: v for k, v in self._plans.items() if k[0] != inode}
 
     def warm(self) -> None:
-        """On the maker's thread, after an instance was made: make the learned pages of every
-        image mapping not written yet private."""
+        """On the maker's thread, after an instance was made: have the learned pages of every
+        image mapping not written yet in place (written ones private, read ones mapped)."""
         with self._lock:
             if not self.enabled or not self._learned:
                 return
@@ -161,13 +181,12 @@ class WarmPages:
             return
         try:
             for mapping in mappings:
-                runs = self._plan(mapping, learned)
-                if not runs or self._written_page(fd, mapping.start // self.page + runs[0][0]):
+                writes, reads = self._plan(mapping, learned)
+                if not writes or self._written_page(fd, mapping.start // self.page + writes[0][0]):
                     continue  # in use, or made private already
-                page = self.page
-                ranges = [(mapping.start + index * page, length * page) for index, length in runs]
                 try:
-                    self._populate(ranges)
+                    self._populate(mapping, writes, MADV_POPULATE_WRITE)
+                    self._populate(mapping, reads, MADV_POPULATE_READ)
                 except _NoPopulate:
                     self._off("this kernel cannot populate pages (before Linux 5.14)")
                     return
@@ -175,57 +194,64 @@ class WarmPages:
         finally:
             os.close(fd)
 
-    def _plan(
-        self, mapping: ImageMapping, learned: dict[int, frozenset[int]]
-    ) -> tuple[tuple[int, int], ...]:
+    def _plan(self, mapping: ImageMapping, learned: dict[int, Touched]) -> tuple[_Runs, _Runs]:
         """The runs of learned pages (first page from the mapping's start, length) to make
-        private in ``mapping``: the same for every instance of an image, so made once."""
+        private and to map in ``mapping``: the same for every instance of an image, so made
+        once."""
         first = mapping.offset // self.page
         count = (mapping.end - mapping.start) // self.page
         key = (mapping.inode, first, count)
-        runs = self._plans.get(key)
-        if runs is None:
-            wanted = learned.get(mapping.inode, frozenset())
-            pages = sorted(p - first for p in wanted if first <= p < first + count)
-            runs = tuple(_runs(pages)) if pages else ()
+        plan = self._plans.get(key)
+        if plan is None:
+            wanted = learned.get(mapping.inode, Touched())
+
+            def runs(pages: frozenset[int]) -> _Runs:
+                inside = sorted(p - first for p in pages if first <= p < first + count)
+                return tuple(_runs(inside)) if inside else ()
+
+            plan = (runs(wanted.written), runs(wanted.mapped))
             with self._lock:
                 if self._learned.get(mapping.inode) is wanted:
-                    self._plans[key] = runs
-        return runs
+                    self._plans[key] = plan
+        return plan
 
-    def _populate(self, ranges: list[tuple[int, int]]) -> None:
-        """``madvise(MADV_POPULATE_WRITE)`` each of ``ranges`` (address, length): in one
-        ``process_madvise`` system call where the kernel takes it (Linux 6.13 for this
-        advice), else one ``madvise`` a range. A range no longer mapped ends the call
-        (nothing to warm there); raises :class:`_NoPopulate` when the kernel has no such
-        advice."""
-        if self._batch is not None and self._batch.populate(ranges):
+    def _populate(self, mapping: ImageMapping, runs: _Runs, advice: int) -> None:
+        """``madvise(advice)`` each run of pages of ``mapping``: in one ``process_madvise``
+        system call where the kernel takes it (Linux 6.13 for these advices), else one
+        ``madvise`` a run. A range no longer mapped ends the call (nothing to warm there);
+        raises :class:`_NoPopulate` when the kernel has no such advice."""
+        if not runs:
+            return
+        page = self.page
+        ranges = [(mapping.start + index * page, length * page) for index, length in runs]
+        if self._batch is not None and self._batch.populate(ranges, advice):
             return
         for address, length in ranges:
-            if self._madvise(address, length, MADV_POPULATE_WRITE) != 0:
+            if self._madvise(address, length, advice) != 0:
                 if ctypes.get_errno() == errno.EINVAL:
                     raise _NoPopulate
                 return  # unmapped meanwhile (ENOMEM, EFAULT): nothing to warm there
 
     # --- internals ---
 
-    def _written(self) -> dict[int, list[frozenset[int]]]:
-        """Per image inode, the written pages of each mapping that has any."""
+    def _touched(self) -> dict[int, list[Touched]]:
+        """Per image inode, the pages touched in each mapping that has any written."""
         mappings = _current_mappings()
-        found: dict[int, list[frozenset[int]]] = {}
+        found: dict[int, list[Touched]] = {}
         fd = os.open("/proc/self/pagemap", os.O_RDONLY)
         try:
             for mapping in mappings:
                 count = (mapping.end - mapping.start) // self.page
                 entries = os.pread(fd, 8 * count, (mapping.start // self.page) * 8)
                 first = mapping.offset // self.page
-                pages = frozenset(
-                    first + i
-                    for i, (entry,) in enumerate(struct.iter_unpack("<Q", entries))
-                    if _is_written(entry)
-                )
-                if pages:
-                    found.setdefault(mapping.inode, []).append(pages)
+                written: set[int] = set()
+                mapped: set[int] = set()
+                for i, (entry,) in enumerate(struct.iter_unpack("<Q", entries)):
+                    if entry & _PRESENT:
+                        (mapped if entry & _FILE_OR_SHARED else written).add(first + i)
+                if written:
+                    touched = Touched(frozenset(written), frozenset(mapped))
+                    found.setdefault(mapping.inode, []).append(touched)
         finally:
             os.close(fd)
         return found
@@ -387,7 +413,7 @@ class _BatchMadvise:
         syscall.restype = ctypes.c_long
         return cls(syscall)
 
-    def populate(self, ranges: list[tuple[int, int]]) -> bool:
+    def populate(self, ranges: list[tuple[int, int]], advice: int) -> bool:
         """Whether ``ranges`` were populated here (True also when one was unmapped
         meanwhile: there is nothing to warm then); False: advise them one by one."""
         if not self._works:
@@ -407,7 +433,7 @@ class _BatchMadvise:
                 ctypes.c_int(self._pidfd),
                 vector,
                 ctypes.c_size_t(len(chunk)),
-                ctypes.c_int(MADV_POPULATE_WRITE),
+                ctypes.c_int(advice),
                 ctypes.c_uint(0),
             )
             if done < 0:
