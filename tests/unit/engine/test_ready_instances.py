@@ -220,3 +220,32 @@ def test_a_forked_child_starts_with_nothing_ready_and_makes_its_own(
     os.waitpid(pid, 0)
     assert answer == b"\x00"
     assert pool.ready_count("a") == 1  # the parent's are untouched
+
+
+def test_used_items_are_disposed_of_on_the_makers_thread_and_inline_once_closed(
+    maker: Maker, caplog: pytest.LogCaptureFixture
+) -> None:
+    """What a segment used goes to ``dispose`` on the maker's thread (the segment does not
+    wait for it); one that fails is logged and the maker goes on; after ``close``,
+    ``dispose`` runs in the caller."""
+    disposed: list[tuple[tuple[str, int], str]] = []
+
+    def dispose(item: tuple[str, int]) -> None:
+        if item[1] == -1:
+            raise RuntimeError("cannot close")
+        disposed.append((item, threading.current_thread().name))
+
+    pool: ReadyInstances[tuple[str, int]] = ReadyInstances(
+        maker, key=lambda c: c, per_component=1, dispose=dispose
+    )
+    try:
+        use(pool, "a")
+        pool.dispose(("a", -1))
+        pool.dispose(("a", 0))
+        wait_for(lambda: len(disposed) == 1 and pool.ready_count("a") == 1)
+        assert disposed == [(("a", 0), "cleat-ready-instances")]
+        assert "could not dispose of a used instance" in caplog.text
+    finally:
+        pool.close()
+    pool.dispose(("a", 7))
+    assert disposed[-1] == (("a", 7), threading.current_thread().name)
