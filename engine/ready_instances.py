@@ -271,6 +271,7 @@ class ReadyInstances(Generic[T]):
                     return
             if disposals:  # what segments left (their memory)
                 self._dispose_of(disposals)
+                disposals.clear()  # not kept alive while this thread waits
             if job is None:
                 continue
             name, component = job
