@@ -168,13 +168,32 @@ class Settings:
         )
 
 
+class _Done:
+    """A one-shot signal between a batch's leader and one caller: :meth:`wait` returns once
+    :meth:`set` was called (each called once). A lock held from the start: a
+    ``threading.Event`` builds a ``Condition`` and notifies through it, about 4 µs of the
+    GIL per append that a lock's release does not take."""
+
+    __slots__ = ("_lock",)
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._lock.acquire()
+
+    def set(self) -> None:
+        self._lock.release()
+
+    def wait(self) -> None:
+        self._lock.acquire()
+
+
 @dataclass(eq=False)
 class _Append:
     ref: RunRef
     # what write_batch sends for it: the run's fence and its events, payloads sealed
     run: dict[str, Any]
     rows: list[dict[str, Any]]
-    done: threading.Event = field(default_factory=threading.Event)
+    done: _Done = field(default_factory=_Done)
     # True: committed; False: the fence did not match (nothing written); None: the batch
     # failed (nothing written): write it directly
     committed: bool | None = None
@@ -191,7 +210,7 @@ class _Finalize:
 
     ref: RunRef
     params: list[Any]
-    done: threading.Event = field(default_factory=threading.Event)
+    done: _Done = field(default_factory=_Done)
     committed: bool | None = None  # as _Append's
     parent_id: Any = None  # what the function returned for a matched run: its parent, if any
 
