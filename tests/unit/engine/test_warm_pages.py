@@ -21,6 +21,7 @@ from engine.warm_pages import (
     WarmPages,
     _ImageMaps,
     _is_written,
+    _one_a_block,
     _runs,
     image_mappings,
 )
@@ -181,3 +182,16 @@ def test_learned_pages_are_made_private_once_per_mapping(tmp_path: Path, batched
         assert pages.warmed == 1
     if batched:
         assert pages._batch is not None and pages._batch._works  # this kernel (Linux 6.13)
+
+
+def test_pages_read_are_populated_one_a_fault_around_block() -> None:
+    """Of the runs of pages read, one page in each aligned block of 16 (the kernel maps the
+    block's others with it)."""
+    assert _one_a_block(((3, 2), (9, 1), (15, 3), (40, 40)), block=16) == (
+        (3, 1),
+        (16, 1),
+        (40, 1),
+        (48, 1),
+        (64, 1),
+    )
+    assert _one_a_block(()) == ()
