@@ -92,6 +92,14 @@ class WasmRuntime:
         ready = self.components.ready
         return ready.stats if ready is not None else None
 
+    def warmed_instances(self) -> int | None:
+        """Instances whose first call's pages were put in place ahead (``engine.warm_pages``);
+        None before the first component ran, or with warm pages off."""
+        if "components" not in self.__dict__:
+            return None
+        warm = self.components.warm
+        return warm.warmed if warm is not None else None
+
     def backend(self, kind: str) -> ModuleBackend:
         """The backend that loads and runs modules of ``kind`` ("core" or "component")."""
         if kind == "core":

@@ -101,6 +101,14 @@ class ReadyInstancesCollector(Collector):
             "Components that could not be made ahead (made inline until one succeeds)",
             value=stats.failed,
         )
+        warmed = runtime.warmed_instances() if runtime is not None else None
+        if warmed is not None:
+            yield CounterMetricFamily(
+                "cleat_component_instances_warmed",
+                "Instances whose first call's pages were made private or mapped before a "
+                "segment took them (CLEAT_WARM_PAGES; stays 0 where the system cannot)",
+                value=warmed,
+            )
 
 
 REGISTRY.register(ReadyInstancesCollector())

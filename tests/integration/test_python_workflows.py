@@ -201,6 +201,7 @@ def test_the_workers_metrics_count_segments_on_instances_made_ahead(make_env: An
         "cleat_component_instances_made_ahead",
         "cleat_component_instances_dropped",
         "cleat_component_instances_failed",
+        "cleat_component_instances_warmed",  # warm pages are on by default
     } <= names
 
 
