@@ -29,8 +29,8 @@ Finding the instances' mappings asks the kernel one writable file-backed mapping
 call (``process_madvise``, Linux 6.13; one ``madvise`` per run of pages before).
 
 It never writes guest memory itself, and a range that is no longer mapped only fails its
-``madvise``; on another system, an older kernel, or when no mapping looks like an image, it
-does nothing. ``CLEAT_WARM_PAGES`` (``EngineConfig.warm_pages``, on by default) turns it off:
+``madvise``; on another system, before Linux 5.14, or when no mapping looks like an image,
+it does nothing. ``CLEAT_WARM_PAGES`` (``EngineConfig.warm_pages``, on by default) turns it off:
 the maker pays for each page what the segment no longer pays, plus finding the mappings
 (``bench/README.md``).
 """
