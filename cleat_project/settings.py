@@ -370,8 +370,8 @@ CLEAT_MAX_PARALLEL_CALLS = env.int("CLEAT_MAX_PARALLEL_CALLS", default=8)
 # Fresh instances of each recently run Python workflow kept made ahead of the segments that
 # take them, on a thread of their own (engine/ready_instances.py); 0: each made inline.
 CLEAT_READY_INSTANCES = env.int("CLEAT_READY_INSTANCES", default=2)
-# Those instances get the pages a first call writes made private ahead (Linux): a segment's
-# start about 0.5 ms shorter, the faults taken on the maker's thread (docs/python-workflows.md).
+# Those instances get the pages a first call touches in place ahead (Linux): a segment's
+# start 0.7-1 ms shorter, the faults taken on the maker's thread (docs/python-workflows.md).
 CLEAT_WARM_PAGES = env.bool("CLEAT_WARM_PAGES", default=True)
 # A waiting run re-checks its wait at least this often: the last resort for a wake-up lost to
 # a crash, which the wake sweep finds within seconds. Each re-check is a segment, so 100,000
