@@ -178,10 +178,14 @@ class ReadyInstances(Generic[T]):
             return
         with self._cond:
             if not self._closed:
-                self._disposals.append(item)
-                self._start()
-                self._cond.notify()
-                return
+                try:
+                    self._start()
+                except RuntimeError:  # no thread could be started: disposed of here
+                    pass
+                else:
+                    self._disposals.append(item)
+                    self._cond.notify()
+                    return
         self._dispose_of([item])
 
     def _dispose_of(self, items: list[T]) -> None:

@@ -422,6 +422,9 @@ class _BatchMadvise:
         if not self._works:
             return False
         if self._pid != os.getpid():  # first call, or a forked child: its own pidfd
+            if self._pidfd >= 0:
+                os.close(self._pidfd)  # the parent's
+                self._pidfd = -1
             try:
                 self._pidfd = os.pidfd_open(os.getpid())
             except OSError:

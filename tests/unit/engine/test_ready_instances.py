@@ -249,3 +249,23 @@ def test_used_items_are_disposed_of_on_the_makers_thread_and_inline_once_closed(
         pool.close()
     pool.dispose(("a", 7))
     assert disposed[-1] == (("a", 7), threading.current_thread().name)
+
+
+def test_an_item_is_disposed_of_in_the_caller_when_no_thread_can_be_started(
+    maker: Maker, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    disposed: list[tuple[str, int]] = []
+    pool: ReadyInstances[tuple[str, int]] = ReadyInstances(
+        maker, key=lambda c: c, per_component=1, dispose=disposed.append
+    )
+
+    def refuse(self: threading.Thread) -> None:
+        raise RuntimeError("can't start new thread")
+
+    monkeypatch.setattr(threading.Thread, "start", refuse)
+    try:
+        pool.dispose(("a", 1))
+        assert disposed == [("a", 1)]
+    finally:
+        monkeypatch.undo()
+        pool.close()

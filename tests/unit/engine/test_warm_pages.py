@@ -195,3 +195,28 @@ def test_pages_read_are_populated_one_a_fault_around_block() -> None:
         (64, 1),
     )
     assert _one_a_block(()) == ()
+
+
+@linux_only
+def test_a_forked_child_warms_its_own_mappings(tmp_path: Path) -> None:
+    """The mapping queries and the batched madvise hold descriptors of the process that
+    opened them: a forked worker (``runworker --processes N``) opens its own."""
+    pages = WarmPages()
+    with mapped_image(tmp_path, "parent.cwasm") as (address, inode):
+        pages._learned = {inode: Touched(frozenset({2}), frozenset())}
+        pages.warm()  # the parent's descriptors are open now
+        assert page_states(address, 8)[0] == [2]
+    pid = os.fork()
+    if pid == 0:  # the child: exit 0 only if it warmed its own new mapping
+        code = 1
+        try:
+            with mapped_image(tmp_path, "child.cwasm") as (address, inode):
+                pages._learned = {inode: Touched(frozenset({1, 5}), frozenset())}
+                pages.warm()
+                written = page_states(address, 8)[0]
+                if written == [1, 5] and pages.enabled and pages._batch and pages._batch._works:
+                    code = 0
+        finally:
+            os._exit(code)
+    _, status = os.waitpid(pid, 0)
+    assert os.waitstatus_to_exitcode(status) == 0
