@@ -4,7 +4,7 @@ Django reads them through a loader of its own (``django.db.backends.postgresql.p
 ``BaseTzLoader``, which sets the value's time zone to the connection's) that subclasses
 psycopg's *Python* loader, since the C one cannot be subclassed: with psycopg's binary
 package installed, every timestamp a query returns is still parsed in Python, about 3 µs
-each. The worker reads several with every run (a run's row has eight), so the parse was a few
+each. The worker reads several with every run (a run's row has seven), so the parse was a few
 percent of its CPU (``bench/README.md``, "thirteenth pass").
 
 :func:`install` replaces that loader on each new psycopg 3 connection with one that parses
