@@ -234,7 +234,7 @@ class GroupCommit(Generic[_Item]):
         meters: _Meters = _APPEND_METERS,
     ) -> None:
         self.config = config
-        self._write: Callable[[list[_Item]], set[str]] | None = write
+        self._write: Callable[[list[_Item]], set[str]] = write or _write_appends
         self._meters = meters
         self._cond = threading.Condition()
         self._open: list[_Item] = []  # the batch being gathered
@@ -353,8 +353,7 @@ class GroupCommit(Generic[_Item]):
     def _flush(self, batch: list[_Item]) -> None:
         """Write the batch on this (the leader's) thread's connection; tell every caller."""
         try:
-            # looked up at each write: tests replace the module's writers
-            matched = (self._write or write_batch)(batch)  # type: ignore[arg-type]
+            matched = self._write(batch)
         except Exception:  # nothing of the batch was written: each writes its own directly
             self._meters.failures.inc()
             for item in batch:
@@ -402,6 +401,12 @@ def write_batch(batch: Sequence[_Append]) -> set[str]:
     with connection.cursor() as cursor:
         cursor.execute(queries(connection)["append_events"], [_json(runs), _json(rows)])
         return {str(row[0]) for row in cursor.fetchall()}
+
+
+def _write_appends(batch: list[Any]) -> set[str]:
+    """The appends' writer: :func:`write_batch`, looked up at each write (tests replace
+    it)."""
+    return write_batch(batch)
 
 
 def write_finalizes(batch: Sequence[_Finalize]) -> set[str]:
@@ -475,6 +480,7 @@ def _make() -> None:
             config = Settings.from_django()
             if config.enabled:
                 _committer = GroupCommit(config)
+                # write_finalizes looked up at each write, as the appends' writer is
                 _finalizer = GroupCommit(
                     config, lambda batch: write_finalizes(batch), _FINALIZE_METERS
                 )
