@@ -922,6 +922,8 @@ class ComponentBackend:
         """Stop making instances ahead and drop the ready ones."""
         if self.ready is not None:
             self.ready.close()
+        if self.warm is not None:
+            self.warm.close()
 
     # --- loading ---
 

@@ -235,6 +235,14 @@ class WarmPages:
                     raise _NoPopulate
                 return  # unmapped meanwhile (ENOMEM, EFAULT): nothing to warm there
 
+    def close(self) -> None:
+        """Off for good, its descriptors closed (the runtime's close, the maker stopped)."""
+        with self._lock:
+            self.enabled = False
+        self._maps.close()
+        if self._batch is not None:
+            self._batch.close()
+
     # --- internals ---
 
     def _touched(self) -> dict[int, list[Touched]]:
@@ -328,6 +336,11 @@ class _ImageMaps:
         self._name = ctypes.create_string_buffer(_NAME_MAX)
         self._named.vma_name_addr = ctypes.addressof(self._name)
 
+    def close(self) -> None:
+        if self._fd >= 0:
+            os.close(self._fd)
+        self._fd, self._pid = -1, -1
+
     @staticmethod
     def _new_query() -> _ProcmapQuery:
         query = _ProcmapQuery()
@@ -353,9 +366,7 @@ class _ImageMaps:
             ioctl.restype = ctypes.c_int
             self._ioctl = ioctl
         if self._pid != os.getpid():  # first call, or a forked child: its own memory map
-            if self._fd >= 0:
-                os.close(self._fd)
-                self._fd = -1
+            self.close()  # a forked child's copy of its parent's
             self._fd = os.open("/proc/self/maps", os.O_RDONLY | os.O_CLOEXEC)
             self._pid = os.getpid()
         fd, ioctl, walk, named = self._fd, self._ioctl, self._walk, self._named
@@ -416,15 +427,18 @@ class _BatchMadvise:
         syscall.restype = ctypes.c_long
         return cls(syscall)
 
+    def close(self) -> None:
+        if self._pidfd >= 0:
+            os.close(self._pidfd)
+        self._pidfd, self._pid = -1, -1
+
     def populate(self, ranges: list[tuple[int, int]], advice: int) -> bool:
         """Whether ``ranges`` were populated here (True also when one was unmapped
         meanwhile: there is nothing to warm then); False: advise them one by one."""
         if not self._works:
             return False
         if self._pid != os.getpid():  # first call, or a forked child: its own pidfd
-            if self._pidfd >= 0:
-                os.close(self._pidfd)  # the parent's
-                self._pidfd = -1
+            self.close()  # a forked child's copy of its parent's
             try:
                 self._pidfd = os.pidfd_open(os.getpid())
             except OSError:

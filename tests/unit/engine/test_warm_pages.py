@@ -220,3 +220,19 @@ def test_a_forked_child_warms_its_own_mappings(tmp_path: Path) -> None:
             os._exit(code)
     _, status = os.waitpid(pid, 0)
     assert os.waitstatus_to_exitcode(status) == 0
+
+
+@linux_only
+def test_close_turns_it_off_and_closes_its_descriptors(tmp_path: Path) -> None:
+    """Each runtime's warm pages hold a descriptor of the memory map and a pidfd once they
+    warmed: its close (the runtime's) gives them back."""
+    pages = WarmPages()
+    with mapped_image(tmp_path, "d.cwasm") as (_, inode):
+        pages._learned = {inode: Touched(frozenset({1}), frozenset())}
+        before = len(os.listdir("/proc/self/fd"))
+        pages.warm()
+        assert len(os.listdir("/proc/self/fd")) == before + 2
+        pages.close()
+        assert len(os.listdir("/proc/self/fd")) == before and not pages.enabled
+        pages.warm()  # off: nothing opened again
+        assert len(os.listdir("/proc/self/fd")) == before
