@@ -268,7 +268,7 @@ def test_finalizes_share_a_batch_and_each_gets_its_own_answer(monkeypatch: Any) 
     def one(i: int) -> None:
         ref = _ref(i)
         barrier.wait()
-        results[ref.run_id] = group_commit.finalize(ref, [i])
+        results[ref.run_id] = group_commit.finalize(ref, {"i": i}, [])
 
     threads = [threading.Thread(target=one, args=(i,)) for i in range(6)]
     for t in threads:
@@ -290,7 +290,7 @@ def test_a_slow_process_finalizes_directly(monkeypatch: Any) -> None:
         lambda batch: pytest.fail("a slow process's finalize was batched"),
     )
     monkeypatch.setattr(group_commit, "finalizer", lambda: group)
-    assert group_commit.finalize(_ref(0), []) is None
+    assert group_commit.finalize(_ref(0), {}, []) is None
     assert group.totals["direct"] == 1
 
 
@@ -510,6 +510,60 @@ def test_runs_completing_together_share_a_finalize_and_a_lost_fence_fails_alone(
     assert statuses[uuid.UUID(lost.run_id)] == RunStatus.RUNNING  # untouched by this worker
     assert finalizes.totals["batched"] == 5
     assert finalizes.totals["batches"] < 5  # shared
+
+
+@pytest.mark.postgres_only  # the one-call finalize is PostgreSQL's function
+def test_one_finalize_call_writes_each_tenants_matched_runs_and_nothing_of_a_lost_one(
+    tenant: Any, other_tenant: Any
+) -> None:
+    """One call of ``finalize_done`` with completed runs of two tenants (each set in turn,
+    under RLS): each matched run is done with its events, its workflow's locks released and
+    its pending update failed; the run whose fence was lost keeps its row, its lock and its
+    pending update; the caller's tenant setting is as it was."""
+    from workflows.models import ConcurrencyKey, RunStatus, UpdateRequest, WorkflowInstance
+    from workflows.store.lifecycle import completion_entry
+    from workflows.tenancy import tenant_context
+
+    mine = _claimed_runs(tenant, 2, "gc")
+    theirs = _claimed_runs(other_tenant, 2, "gc")
+    lost = theirs[1]
+    owners = [(tenant, ref) for ref in mine] + [(other_tenant, ref) for ref in theirs]
+    for owner, ref in owners:
+        with tenant_context(owner.id):
+            ConcurrencyKey.objects.create(
+                tenant_id=owner.id, key=f"k-{ref.run_id}", holder=ref.workflow_id
+            )
+            UpdateRequest.objects.create(tenant_id=owner.id, instance_id=ref.run_id, name="u")
+    with tenant_context(other_tenant.id):  # reaped and claimed again elsewhere meanwhile
+        WorkflowInstance.objects.filter(id=lost.run_id).update(generation=lost.generation + 1)
+    runs, rows = [], []
+    for owner, ref in owners:
+        entry = completion_entry(owner.id, ref, _completed(2), _now())
+        assert entry is not None
+        runs.append(entry[0])
+        rows += entry[1]
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT set_config('cleat.tenant_id', 'the caller''s', false)")
+
+    parents = group_commit.finalize_runs(runs, rows)
+
+    assert parents == {ref.run_id: None for _, ref in owners if ref is not lost}
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT current_setting('cleat.tenant_id', true)")
+        assert cursor.fetchone() == ("the caller's",)
+    for owner, ref in owners:
+        written = ref is not lost
+        with tenant_context(owner.id):
+            status = WorkflowInstance.objects.get(id=ref.run_id).status
+            assert status == (RunStatus.DONE if written else RunStatus.RUNNING)
+            held = ConcurrencyKey.objects.filter(holder=ref.workflow_id).exists()
+            assert held is not written
+            update = UpdateRequest.objects.get(instance_id=ref.run_id)
+        assert _stored_steps(owner, ref.run_id) == ([0, 1] if written else [])
+        assert update.status == (
+            UpdateRequest.State.FAILED if written else UpdateRequest.State.PENDING
+        )
+        assert (update.completed_at is not None) is written
 
 
 @pytest.mark.postgres_only  # the shared transactions are PostgreSQL's; elsewhere: direct

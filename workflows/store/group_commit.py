@@ -47,13 +47,11 @@ ORM).
 
 **The finalizes of completed runs** are gathered the same way, by a second group commit with
 the same settings (its rate counted apart: finalizes per second): above the threshold, the
-runs that complete while a finalize is being written are finalized together, the statement
-``finalize_done`` once for each in one message -- one implicit transaction, one commit
-(:func:`write_finalizes`). Each run's fence is checked by its own statement; a run that did
-not match is not written and takes the general finalize, which raises ``FenceLost`` for it
-alone. On the 6,000-timer drain (``bench/waiting_bench.py``, five rounds each way) this took
-the server's CPU per run from 0.63-0.79 to 0.50-0.60 ms. A finalize returns only after its
-batch committed, as an append does.
+runs that complete while a finalize is being written are finalized together, in one call of
+the function ``cleat.finalize_done`` with all of them (:func:`write_finalizes`), as the appends
+are. Each run's fence is checked in the call's statement; a run that did not match is not
+written and takes the general finalize, which raises ``FenceLost`` for it alone. A finalize
+returns only after its batch committed, as an append does.
 
 The metrics are ``cleat_group_commit_*`` (the finalizes': ``cleat_group_commit_finalize*``).
 """
@@ -74,7 +72,7 @@ from django.conf import settings
 from django.db import connection
 from prometheus_client import Counter, Histogram
 
-from engine.events import Event, encode
+from engine.events import EncodedEvent, Event, encode
 from engine.storage import RunRef
 from workflows.crypto import seal_column
 from workflows.models import WorkflowEvent
@@ -205,11 +203,12 @@ class _Append:
 
 @dataclass(eq=False)
 class _Finalize:
-    """A completed run's finalize (``cleat.finalize_done``'s arguments, payloads sealed), as
-    :func:`write_finalizes` takes it."""
+    """A completed run's finalize, as :func:`write_finalizes` takes it: its entry in
+    ``cleat.finalize_done``'s list of runs and its remaining events (payloads sealed)."""
 
     ref: RunRef
-    params: list[Any]
+    run: dict[str, Any]
+    rows: list[dict[str, Any]]
     done: _Done = field(default_factory=_Done)
     committed: bool | None = None  # as _Append's
     parent_id: Any = None  # what the function returned for a matched run: its parent, if any
@@ -410,23 +409,48 @@ def _write_appends(batch: list[Any]) -> set[str]:
 
 
 def write_finalizes(batch: Sequence[_Finalize]) -> set[str]:
-    """Completed runs' finalizes in one message: the statement ``finalize_done`` once for
-    each (sql/postgresql.py; with client-side binding, several statements travel in one
-    message and run in one implicit transaction -- one commit for all). Sets each matched
+    """Completed runs' finalizes in one statement (:func:`finalize_runs`). Sets each matched
     run's ``parent_id``; returns the ids of the runs whose fence matched (written)."""
-    statement = queries(connection)["finalize_done"]
-    params = [value for item in batch for value in item.params]
-    matched: set[str] = set()
+    parents = finalize_runs(
+        [item.run for item in batch], [row for item in batch for row in item.rows]
+    )
+    for item in batch:
+        item.parent_id = parents.get(item.ref.run_id)
+    return set(parents)
+
+
+def finalize_runs(runs: list[dict[str, Any]], rows: list[dict[str, Any]]) -> dict[str, Any]:
+    """The statement ``finalize_done`` (sql/postgresql.py) for ``runs``, each as
+    :func:`completion_entry` makes it, and their remaining events ``rows``: one transaction
+    unless the caller is in one. Returns each run whose fence matched (written), by id, with
+    its parent's id (None for none)."""
     with connection.cursor() as cursor:
-        cursor.execute(";\n".join([statement] * len(batch)), params)
-        for i, item in enumerate(batch):
-            if i:
-                cursor.nextset()
-            rows = cursor.fetchall()
-            if rows:
-                item.parent_id = rows[0][0]
-                matched.add(item.ref.run_id)
-    return matched
+        cursor.execute(queries(connection)["finalize_done"], [_json(runs), _json(rows)])
+        return {str(run_id): parent for run_id, parent in cursor.fetchall()}
+
+
+def completion_entry(
+    tenant_id: uuid.UUID,
+    ref: RunRef,
+    events: Sequence[Event],
+    now: datetime,
+    fields: dict[str, Any],
+) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+    """A completed run's entry in ``finalize_done``'s list of runs (its fence, its remaining
+    events' count and ``fields``: what the completion writes, sealed) and its events' rows;
+    ``events`` are consecutive (:func:`contiguous`)."""
+    stamp = now.isoformat()
+    run = {
+        "id": ref.run_id,
+        "tenant": str(tenant_id),
+        "worker": ref.worker_id,
+        "generation": ref.generation,
+        "first": events[0].step if events else None,
+        "events": len(events),
+        "now": stamp,
+        **fields,
+    }
+    return run, event_rows(tenant_id, ref.run_id, [encode(e) for e in events], stamp)
 
 
 def _json(value: Any) -> str:
@@ -438,10 +462,9 @@ def prepared(tenant_id: uuid.UUID, ref: RunRef, events: Sequence[Event], now: da
     sealed, the fence and the rows as the statement's JSON reads them."""
     stored = [encode(e) for e in events]
     first = stored[0].step
-    run_id = ref.run_id
     stamp = now.isoformat()
     run = {
-        "id": run_id,
+        "id": ref.run_id,
         "tenant": str(tenant_id),
         "first": first,
         "next": first + len(stored),
@@ -449,7 +472,16 @@ def prepared(tenant_id: uuid.UUID, ref: RunRef, events: Sequence[Event], now: da
         "generation": ref.generation,
         "now": stamp,
     }
-    rows = [
+    return _Append(ref, run, event_rows(tenant_id, ref.run_id, stored, stamp))
+
+
+def event_rows(
+    tenant_id: uuid.UUID, run_id: str, stored: Sequence[EncodedEvent], stamp: str
+) -> list[dict[str, Any]]:
+    """Stored events as the append's and the finalize's JSON read them (``run`` naming the
+    run, the payloads sealed; ``stamp``: the write's moment, ISO 8601): the intent time of
+    an event without a checksum (a call's intent) is the write's."""
+    return [
         {
             "run": run_id,
             "step": s.step,
@@ -464,7 +496,6 @@ def prepared(tenant_id: uuid.UUID, ref: RunRef, events: Sequence[Event], now: da
         }
         for s in stored
     ]
-    return _Append(ref, run, rows)
 
 
 _committer: GroupCommit[_Append] | None = None
@@ -518,16 +549,18 @@ def append(
     return None if group is None else group.append(tenant_id, ref, events, now)
 
 
-def finalize(ref: RunRef, params: list[Any]) -> tuple[bool, Any] | None:
-    """A completed run's finalize (``finalize_done``'s ``params``) in a shared transaction,
+def finalize(
+    ref: RunRef, run: dict[str, Any], rows: list[dict[str, Any]]
+) -> tuple[bool, Any] | None:
+    """A completed run's finalize (its :func:`completion_entry`) in a shared transaction,
     when the process finalizes fast: (True, its parent id or None) when committed; (False,
     None) when its fence did not match (nothing written: the caller's general path tells
     why); None when not batched or its batch failed -- the caller writes it directly. The
-    caller's connection is outside a transaction and binds on the client."""
+    caller's connection is outside a transaction."""
     group = finalizer()
     if group is None or not group.counted_batched():
         return None
-    item = _Finalize(ref, params)
+    item = _Finalize(ref, run, rows)
     committed = group.write(item)
     return None if committed is None else (committed, item.parent_id)
 
@@ -537,7 +570,10 @@ __all__ = [
     "Settings",
     "append",
     "committer",
+    "completion_entry",
+    "event_rows",
     "finalize",
+    "finalize_runs",
     "finalizer",
     "next_mode",
     "reset",

@@ -37,7 +37,7 @@ from django.utils import timezone
 from engine import lifecycle
 from engine.compaction import with_tail
 from engine.errors import FenceLost, Refused
-from engine.events import EncodedEvent, EventType, decode, encode
+from engine.events import EncodedEvent, EventType, decode
 from engine.faults import crash_point
 from engine.session import ContinuedAsNew, Failed, SegmentResult, Suspended
 from engine.status import AbiStatus
@@ -62,7 +62,6 @@ from workflows.store.sql import array_literal, queries
 from workflows.store.storage import (
     LoadedInterrupts,
     append_locked,
-    append_params,
     client_side_binding,
     lock_fenced_instance,
     take_lock,
@@ -630,56 +629,63 @@ def _complete_in_one_message(
     """The finalize of a completed run in one round trip (``finalize_done``, whose comment
     in sql/postgresql.py says when it applies and why it is safe). True when it was
     done; False when it does not apply or matched nothing (nothing was written then)."""
-    done = lifecycle.completion(result.outcome, ref.workflow_id)
-    finalize_sql = queries(connection).get("finalize_done")
-    if (
-        done is None
-        or result.consumed_signals
-        or result.applied_updates
-        or finalize_sql is None
-        or connection.in_atomic_block
-        or not connection.get_autocommit()
-    ):
+    entry = completion_entry(tenant, ref, result, now)
+    if entry is None:
         return False
-    events = result.new_events
-    if not contiguous(events):
-        return False
-    first = events[0].step if events else None
-    stored = [encode(e) for e in events]
-    created_at, *arrays = append_params(ref, stored, now)
-    params = [
-        ref.tenant_id,
-        ref.run_id,
-        ref.worker_id,
-        ref.generation,
-        first,
-        done.status,
-        created_at,
-        timezone.now(),  # updated_at, as auto_now writes it
-        seal_column(WorkflowInstance, "result", tenant, (ref.run_id,), done.result),
-        json.dumps(
-            seal_json_column(
-                WorkflowInstance, "query_state", tenant, (ref.run_id,), result.query_state
-            )
-        ),
-        *arrays,
-        done.release_locks_of,
-        seal_column(UpdateRequest, "result", tenant, (ref.run_id,), done.updates_failure),
-    ]
-    with connection.cursor() as cursor:
-        # Above the group commit's rate, with the finalizes of the process's other completed
-        # runs in one transaction (several statements in one message: client-side binding).
-        shared = group_commit.finalize(ref, params) if client_side_binding(cursor) else None
-        if shared is None:
-            cursor.execute(finalize_sql, params)
-            rows = cursor.fetchall()
-            shared = (True, rows[0][0]) if rows else (False, None)
+    run, rows = entry
+    # Above the group commit's rate, with the finalizes of the process's other completed runs
+    # in one statement.
+    shared = group_commit.finalize(ref, run, rows)
+    if shared is None:
+        parents = group_commit.finalize_runs([run], rows)
+        shared = (ref.run_id in parents, parents.get(ref.run_id))
     matched, parent_id = shared
     if not matched:
         return False
     if parent_id is not None:
         wake.after_commit(tenant, parent_id)  # committed already: runs at once
     return True
+
+
+def completion_entry(
+    tenant: uuid.UUID, ref: RunRef, result: SegmentResult, now: datetime
+) -> tuple[dict[str, Any], list[dict[str, Any]]] | None:
+    """A completed segment's run and remaining events as ``finalize_done`` takes them
+    (:func:`group_commit.completion_entry`): the transition
+    :func:`engine.lifecycle.completion` returns, sealed. None when the one-call finalize
+    does not apply: not a completion, a consumed signal or an answered update to write, not
+    PostgreSQL, inside a transaction, or events that do not follow one another."""
+    done = lifecycle.completion(result.outcome, ref.workflow_id)
+    if (
+        done is None
+        or result.consumed_signals
+        or result.applied_updates
+        or "finalize_done" not in queries(connection)
+        or connection.in_atomic_block
+        or not connection.get_autocommit()
+        or not contiguous(result.new_events)
+    ):
+        return None
+    return group_commit.completion_entry(
+        tenant,
+        ref,
+        result.new_events,
+        now,
+        {
+            "status": done.status,
+            "updated_at": timezone.now().isoformat(),  # as auto_now writes it
+            "result": seal_column(WorkflowInstance, "result", tenant, (ref.run_id,), done.result),
+            "query_state": json.dumps(
+                seal_json_column(
+                    WorkflowInstance, "query_state", tenant, (ref.run_id,), result.query_state
+                )
+            ),
+            "lock_holder": done.release_locks_of,
+            "updates_result": seal_column(
+                UpdateRequest, "result", tenant, (ref.run_id,), done.updates_failure
+            ),
+        },
+    )
 
 
 # Operator annotations (admin actions) recorded after a run's last guest step.

@@ -22,7 +22,7 @@ from django.db.models import Q, QuerySet
 from django.utils import timezone
 
 from engine.errors import Denied, FenceLost, Refused, StorageError
-from engine.events import EncodedEvent, Event, encode
+from engine.events import Event, encode
 from engine.faults import crash_point
 from engine.policies import Quota, guest_signal_refusal, quota_refusal
 from engine.status import AbiStatus
@@ -85,7 +85,7 @@ from workflows.models import (
 from workflows.policies import quotas_for, require_signal_auth
 from workflows.store import crons, group_commit, wake
 from workflows.store.group_commit import contiguous
-from workflows.store.sql import array_literal, queries
+from workflows.store.sql import queries
 from workflows.tenancy import tenant_context
 
 
@@ -167,31 +167,6 @@ def append_locked(
             event_count=expected, heartbeat_at=now
         )
     return expected
-
-
-def append_params(ref: RunRef, stored: Sequence[EncodedEvent], now: datetime) -> list[Any]:
-    """The events' parameters of ``finalize_done`` (sql/postgresql.py): ``created_at`` and
-    the event arrays as array literals (:func:`array_literal`), the payloads sealed here (the
-    SQL takes them as they are stored)."""
-    return [
-        now,
-        *(
-            array_literal(values)
-            for values in (
-                [s.step for s in stored],
-                [s.type_code for s in stored],
-                [
-                    seal_column(
-                        WorkflowEvent, "payload", ref.tenant_id, (ref.run_id, s.step), s.payload
-                    )
-                    for s in stored
-                ],
-                [s.ts for s in stored],
-                [s.checksum for s in stored],
-                [now if not s.checksum else None for s in stored],
-            )
-        ),
-    ]
 
 
 def fenced_append(

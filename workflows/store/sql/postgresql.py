@@ -368,33 +368,34 @@ def run_interrupts_function_sql(role: str) -> str:
     return RUN_INTERRUPTS_FUNCTION + _invoker_grants(role, RUN_INTERRUPTS_SIGNATURE)
 
 
-# PostgreSQL: the finalize of a run that completed, in one call of the function below (one
-# round trip and one commit instead of seven round trips, its statements planned once per
-# connection), in the common case only -- no consumed signal, no answered update, no open
-# child. It runs as its caller, under RLS, with the run's tenant set as tenant_context()
-# sets it (the caller's is restored at the end). The first statement is the fence and the
-# new row: it matches only the claimed row (owner, generation, running) whose history ends
-# where the remaining events begin and that has no open child, takes its row lock, inserts
-# the remaining events only if it matched, and releases the locks the workflow holds (the
-# locks were taken in the run's earlier, committed transactions, so the statement's snapshot
-# sees them). Only when it matched, the second fails the run's pending updates (as
-# _fail_pending_updates), in a statement of its own so that its snapshot is taken after the
-# row lock: an update queued by send_update (which locks the row) either committed before and
-# is seen, or waits for this commit and then finds the run done. The function returns the
-# run's parent (NULL for none) when it matched, no row otherwise: then nothing was written
-# and the general path in store.lifecycle tells the cases apart. What it writes is the
-# transition engine.lifecycle.completion() returns, which the arguments come from.
-FINALIZE_DONE = (
-    "SELECT parent_id FROM cleat.finalize_done(p_tenant => %s, p_id => %s, p_worker => %s, "
-    "p_generation => %s, p_first => %s, p_status => %s, p_now => %s, p_updated_at => %s, "
-    "p_result => %s, p_query_state => %s::jsonb, p_steps => %s::integer[], "
-    "p_types => %s::smallint[], p_payloads => %s::text[], p_ts => %s::bigint[], "
-    "p_checksums => %s::varchar[], p_intents => %s::timestamptz[], p_lock_holder => %s, "
-    "p_updates_result => %s)"
-)
-FINALIZE_DONE_SIGNATURE = (
-    "cleat.finalize_done(uuid, uuid, text, bigint, integer, text, timestamptz, timestamptz, "
-    "text, jsonb, integer[], smallint[], text[], bigint[], varchar[], timestamptz[], text, text)"
+# PostgreSQL: the finalize of runs that completed, in one call of the function below (one
+# round trip and one commit instead of seven round trips a run, its statements planned once
+# per connection), in the common case only -- no consumed signal, no answered update, no open
+# child. One run's finalize (a run's own) or several (the group commit's, store.group_commit)
+# alike: the first argument lists each run (JSON: its fence -- owner, generation, the first
+# new step -- and what its completion writes), the second every remaining event (``run``
+# naming its run), two text parameters as the append's (quoting eighteen parameters a run
+# in Python cost the worker more than the statement). It runs as its caller, under RLS, and
+# for each tenant in turn sets it as tenant_context() does (the caller's is restored at the
+# end). The first statement is the fence and the new rows: it matches only the claimed rows
+# (owner, generation, running) whose history ends where the remaining events begin and that
+# have no open child, takes their row locks, inserts the remaining events of the matched runs
+# only, and releases the locks each workflow holds (the locks were taken in the run's earlier,
+# committed transactions, so the statement's snapshot sees them). Only for the matched runs,
+# the second fails their pending updates (as _fail_pending_updates), in a statement of its
+# own so that its snapshot is taken after the row locks: an update queued by send_update
+# (which locks the row) either committed before and is seen, or waits for this commit and
+# then finds the run done. The function returns each matched run with its parent (NULL for
+# none); a run not returned was not written, and the general path in store.lifecycle tells
+# the cases apart. What it writes is the transition engine.lifecycle.completion() returns,
+# which the arguments come from (store.lifecycle.completion_row).
+FINALIZE_DONE = "SELECT id, parent_id FROM cleat.finalize_done(%s, %s)"
+FINALIZE_DONE_SIGNATURE = "cleat.finalize_done(json, json)"
+# A finalized run's fields in the first argument, each as json_to_recordset reads it.
+_FINALIZE_RUN_COLUMNS = (
+    "id uuid, tenant uuid, worker text, generation bigint, first integer, events integer, "
+    "status text, now timestamptz, updated_at timestamptz, result text, query_state text, "
+    "lock_holder text, updates_result text"
 )
 
 
@@ -409,55 +410,61 @@ def _finalize_done_function() -> str:
         f"'{s.value}'" for s in (UpdateRequest.State.FAILED, UpdateRequest.State.PENDING)
     )
     return f"""
-CREATE OR REPLACE FUNCTION cleat.finalize_done(
-    p_tenant uuid, p_id uuid, p_worker text, p_generation bigint, p_first integer,
-    p_status text, p_now timestamptz, p_updated_at timestamptz, p_result text,
-    p_query_state jsonb, p_steps integer[], p_types smallint[], p_payloads text[],
-    p_ts bigint[], p_checksums varchar[], p_intents timestamptz[], p_lock_holder text,
-    p_updates_result text)
-RETURNS TABLE(parent_id uuid)
+CREATE OR REPLACE FUNCTION cleat.finalize_done(p_runs json, p_events json)
+RETURNS TABLE(id uuid, parent_id uuid)
 LANGUAGE plpgsql AS $$
 #variable_conflict use_column
 DECLARE
     {_KEEP_CALLER_TENANT}
-    v_matched boolean := false;
-    v_parent uuid;
+    v_tenant uuid;
+    v_ids uuid[];
+    v_parents uuid[];
 BEGIN
-    PERFORM set_config('{TENANT_SETTING}', p_tenant::text, true);
-    WITH fence AS (
-        UPDATE {instance} AS i
-           SET status = p_status, completed_at = p_now, result = p_result, error = NULL,
-               error_code = NULL, waiting_on = NULL, next_wake_at = NULL,
-               query_state = p_query_state, assigned_to = NULL, heartbeat_at = p_now,
-               updated_at = p_updated_at, event_count = i.event_count + cardinality(p_steps)
-         WHERE i.id = p_id AND i.tenant_id = p_tenant AND i.assigned_to = p_worker
-           AND i.generation = p_generation AND i.status = {running}
-           AND i.event_count = COALESCE(p_first, i.event_count)
-           AND NOT EXISTS (SELECT 1 FROM {instance} AS c
-                            WHERE c.parent_id = i.id AND c.status NOT IN ({terminal}))
-        RETURNING i.id, i.tenant_id, i.parent_id
-    ), appended AS (
-        INSERT INTO {event}
-               (tenant_id, instance_id, step, type_code, payload, timestamp_ms, checksum,
-                intent_at, created_at)
-        SELECT fence.tenant_id, fence.id, e.step, e.type_code, e.payload, e.ts, e.checksum,
-               e.intent_at, p_now
-          FROM fence,
-               unnest(p_steps, p_types, p_payloads, p_ts, p_checksums, p_intents)
-               AS e(step, type_code, payload, ts, checksum, intent_at)
-        RETURNING 1
-    ), released AS (
-        DELETE FROM {locks} AS k USING fence
-         WHERE k.tenant_id = fence.tenant_id AND k.holder = p_lock_holder
-        RETURNING 1
-    )
-    SELECT true, fence.parent_id INTO v_matched, v_parent FROM fence;
-    IF v_matched THEN
-        UPDATE {updates} AS u SET status = {failed}, result = p_updates_result,
-               completed_at = p_now
-         WHERE u.instance_id = p_id AND u.status = {pending};
-        RETURN QUERY SELECT v_parent;
-    END IF;
+    FOR v_tenant IN SELECT DISTINCT r.tenant FROM json_to_recordset(p_runs) AS r(tenant uuid)
+    LOOP
+        PERFORM set_config('{TENANT_SETTING}', v_tenant::text, true);
+        WITH fence AS (
+            UPDATE {instance} AS i
+               SET status = c.status, completed_at = c.now, result = c.result, error = NULL,
+                   error_code = NULL, waiting_on = NULL, next_wake_at = NULL,
+                   query_state = c.query_state::jsonb, assigned_to = NULL,
+                   heartbeat_at = c.now, updated_at = c.updated_at,
+                   event_count = i.event_count + c.events
+              FROM json_to_recordset(p_runs) AS c({_FINALIZE_RUN_COLUMNS})
+             WHERE c.tenant = v_tenant AND i.id = c.id AND i.tenant_id = v_tenant
+               AND i.assigned_to = c.worker AND i.generation = c.generation
+               AND i.status = {running} AND i.event_count = COALESCE(c.first, i.event_count)
+               AND NOT EXISTS (SELECT 1 FROM {instance} AS k
+                                WHERE k.parent_id = i.id AND k.status NOT IN ({terminal}))
+            RETURNING i.id, i.tenant_id, i.parent_id, c.now, c.lock_holder
+        ), appended AS (
+            INSERT INTO {event}
+                   (tenant_id, instance_id, step, type_code, payload, timestamp_ms, checksum,
+                    intent_at, created_at)
+            SELECT fence.tenant_id, fence.id, e.step, e.type_code, e.payload, e.ts,
+                   e.checksum, e.intent_at, fence.now
+              FROM fence
+              JOIN json_to_recordset(p_events)
+                   AS e(run uuid, step integer, type_code smallint, payload text, ts bigint,
+                        checksum varchar, intent_at timestamptz)
+                ON e.run = fence.id
+            RETURNING 1
+        ), released AS (
+            DELETE FROM {locks} AS k USING fence
+             WHERE k.tenant_id = fence.tenant_id AND k.holder = fence.lock_holder
+            RETURNING 1
+        )
+        SELECT array_agg(fence.id), array_agg(fence.parent_id) INTO v_ids, v_parents
+          FROM fence;
+        IF v_ids IS NOT NULL THEN
+            UPDATE {updates} AS u SET status = {failed}, result = c.updates_result,
+                   completed_at = c.now
+              FROM json_to_recordset(p_runs) AS c({_FINALIZE_RUN_COLUMNS})
+             WHERE c.tenant = v_tenant AND c.id = ANY(v_ids) AND u.instance_id = c.id
+               AND u.status = {pending};
+            RETURN QUERY SELECT * FROM unnest(v_ids, v_parents);
+        END IF;
+    END LOOP;
     {_RESTORE_CALLER_TENANT}
 END
 $$;
