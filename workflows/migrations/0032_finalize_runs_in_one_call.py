@@ -100,17 +100,17 @@ BEGIN
                AND i.status = 'running' AND i.event_count = COALESCE(c.first, i.event_count)
                AND NOT EXISTS (SELECT 1 FROM workflows_workflowinstance AS k
                                 WHERE k.parent_id = i.id AND k.status NOT IN ('dead_lettered', 'done', 'failed', 'terminated'))
-            RETURNING i.id, i.tenant_id, i.parent_id, c.now, c.lock_holder
+            RETURNING i.id, i.tenant_id, i.parent_id, c.lock_holder
         ), appended AS (
             INSERT INTO workflows_workflowevent
                    (tenant_id, instance_id, step, type_code, payload, timestamp_ms, checksum,
                     intent_at, created_at)
             SELECT fence.tenant_id, fence.id, e.step, e.type_code, e.payload, e.ts,
-                   e.checksum, e.intent_at, fence.now
+                   e.checksum, e.intent_at, e.created_at
               FROM fence
               JOIN json_to_recordset(p_events)
                    AS e(run uuid, step integer, type_code smallint, payload text, ts bigint,
-                        checksum varchar, intent_at timestamptz)
+                        checksum varchar, intent_at timestamptz, created_at timestamptz)
                 ON e.run = fence.id
             RETURNING 1
         ), released AS (

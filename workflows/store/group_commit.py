@@ -479,8 +479,9 @@ def event_rows(
     tenant_id: uuid.UUID, run_id: str, stored: Sequence[EncodedEvent], stamp: str
 ) -> list[dict[str, Any]]:
     """Stored events as the append's and the finalize's JSON read them (``run`` naming the
-    run, the payloads sealed; ``stamp``: the write's moment, ISO 8601): the intent time of
-    an event without a checksum (a call's intent) is the write's."""
+    run, the payloads sealed; ``stamp``: the write's moment, ISO 8601; the SQL that reads
+    them is ``_INSERT_FENCED_EVENTS`` in sql/postgresql.py): the intent time of an event
+    without a checksum (a call's intent) is the write's."""
     return [
         {
             "run": run_id,

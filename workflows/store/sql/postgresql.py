@@ -61,6 +61,22 @@ def _invoker_grants(role: str, *signatures: str) -> str:
     )
 
 
+# The events of the runs a fence matched (the CTE ``fence``: id, tenant_id), from the JSON
+# rows ``p_events`` (store.group_commit.event_rows) -- the append's and the finalize's.
+_INSERT_FENCED_EVENTS = f"""            INSERT INTO {WorkflowEvent._meta.db_table}
+                   (tenant_id, instance_id, step, type_code, payload, timestamp_ms, checksum,
+                    intent_at, created_at)
+            SELECT fence.tenant_id, fence.id, e.step, e.type_code, e.payload, e.ts,
+                   e.checksum, e.intent_at, e.created_at
+              FROM fence
+              JOIN json_to_recordset(p_events)
+                   AS e(run uuid, step integer, type_code smallint, payload text, ts bigint,
+                        checksum varchar, intent_at timestamptz, created_at timestamptz)
+                ON e.run = fence.id
+            RETURNING 1
+"""
+
+
 # The first argument lists each run (JSON: id, tenant, the first new step, the count after
 # it, owner, generation, heartbeat), the second every event (``run`` naming its run): two
 # text parameters, because quoting arrays of parameters in Python cost the worker more than
@@ -95,18 +111,7 @@ BEGIN
                AND i.status = 'running' AND i.event_count = c.first
             RETURNING i.id, i.tenant_id
         ), appended AS (
-            INSERT INTO {WorkflowEvent._meta.db_table}
-                   (tenant_id, instance_id, step, type_code, payload, timestamp_ms, checksum,
-                    intent_at, created_at)
-            SELECT fence.tenant_id, fence.id, e.step, e.type_code, e.payload, e.ts,
-                   e.checksum, e.intent_at, e.created_at
-              FROM fence
-              JOIN json_to_recordset(p_events)
-                   AS e(run uuid, step integer, type_code smallint, payload text, ts bigint,
-                        checksum varchar, intent_at timestamptz, created_at timestamptz)
-                ON e.run = fence.id
-            RETURNING 1
-        )
+{_INSERT_FENCED_EVENTS}        )
         SELECT fence.id FROM fence;
     END LOOP;
     {_RESTORE_CALLER_TENANT}
@@ -401,7 +406,6 @@ _FINALIZE_RUN_COLUMNS = (
 
 def _finalize_done_function() -> str:
     instance = WorkflowInstance._meta.db_table
-    event = WorkflowEvent._meta.db_table
     updates = UpdateRequest._meta.db_table
     locks = ConcurrencyKey._meta.db_table
     terminal = ", ".join(f"'{s}'" for s in sorted(TERMINAL_STATUSES))
@@ -436,20 +440,9 @@ BEGIN
                AND i.status = {running} AND i.event_count = COALESCE(c.first, i.event_count)
                AND NOT EXISTS (SELECT 1 FROM {instance} AS k
                                 WHERE k.parent_id = i.id AND k.status NOT IN ({terminal}))
-            RETURNING i.id, i.tenant_id, i.parent_id, c.now, c.lock_holder
+            RETURNING i.id, i.tenant_id, i.parent_id, c.lock_holder
         ), appended AS (
-            INSERT INTO {event}
-                   (tenant_id, instance_id, step, type_code, payload, timestamp_ms, checksum,
-                    intent_at, created_at)
-            SELECT fence.tenant_id, fence.id, e.step, e.type_code, e.payload, e.ts,
-                   e.checksum, e.intent_at, fence.now
-              FROM fence
-              JOIN json_to_recordset(p_events)
-                   AS e(run uuid, step integer, type_code smallint, payload text, ts bigint,
-                        checksum varchar, intent_at timestamptz)
-                ON e.run = fence.id
-            RETURNING 1
-        ), released AS (
+{_INSERT_FENCED_EVENTS}        ), released AS (
             DELETE FROM {locks} AS k USING fence
              WHERE k.tenant_id = fence.tenant_id AND k.holder = fence.lock_holder
             RETURNING 1
