@@ -393,7 +393,7 @@ def run_interrupts_function_sql(role: str) -> str:
 # then finds the run done. The function returns each matched run with its parent (NULL for
 # none); a run not returned was not written, and the general path in store.lifecycle tells
 # the cases apart. What it writes is the transition engine.lifecycle.completion() returns,
-# which the arguments come from (store.lifecycle.completion_row).
+# which the arguments come from (store.lifecycle.completion_entry).
 FINALIZE_DONE = "SELECT id, parent_id FROM cleat.finalize_done(%s, %s)"
 FINALIZE_DONE_SIGNATURE = "cleat.finalize_done(json, json)"
 # A finalized run's fields in the first argument, each as json_to_recordset reads it.
