@@ -93,8 +93,8 @@ BEGIN
                    error_code = NULL, waiting_on = NULL, next_wake_at = NULL,
                    query_state = c.query_state::jsonb, assigned_to = NULL,
                    heartbeat_at = c.now, updated_at = c.updated_at,
-                   event_count = i.event_count + c.events
-              FROM json_to_recordset(p_runs) AS c(id uuid, tenant uuid, worker text, generation bigint, first integer, events integer, status text, now timestamptz, updated_at timestamptz, result text, query_state text, lock_holder text, updates_result text)
+                   event_count = COALESCE(c.next, i.event_count)
+              FROM json_to_recordset(p_runs) AS c(id uuid, tenant uuid, worker text, generation bigint, first integer, next integer, status text, now timestamptz, updated_at timestamptz, result text, query_state text, lock_holder text, updates_result text)
              WHERE c.tenant = v_tenant AND i.id = c.id AND i.tenant_id = v_tenant
                AND i.assigned_to = c.worker AND i.generation = c.generation
                AND i.status = 'running' AND i.event_count = COALESCE(c.first, i.event_count)
@@ -123,7 +123,7 @@ BEGIN
         IF v_ids IS NOT NULL THEN
             UPDATE workflows_updaterequest AS u SET status = 'failed', result = c.updates_result,
                    completed_at = c.now
-              FROM json_to_recordset(p_runs) AS c(id uuid, tenant uuid, worker text, generation bigint, first integer, events integer, status text, now timestamptz, updated_at timestamptz, result text, query_state text, lock_holder text, updates_result text)
+              FROM json_to_recordset(p_runs) AS c(id uuid, tenant uuid, worker text, generation bigint, first integer, next integer, status text, now timestamptz, updated_at timestamptz, result text, query_state text, lock_holder text, updates_result text)
              WHERE c.tenant = v_tenant AND c.id = ANY(v_ids) AND u.instance_id = c.id
                AND u.status = 'pending';
             RETURN QUERY SELECT * FROM unnest(v_ids, v_parents);
@@ -135,28 +135,25 @@ $$;
 """
 
 
-def _role():
-    return str(getattr(settings, "CLEAT_APP_ROLE", "cleat_app"))
+def _replace(schema_editor, old_signature, sql, signature):
+    """Drop the function ``old_signature``, install ``sql`` (the function ``signature``),
+    callable by the application role only."""
+    if schema_editor.connection.vendor != "postgresql":
+        return
+    role = str(getattr(settings, "CLEAT_APP_ROLE", "cleat_app"))
+    with schema_editor.connection.cursor() as cursor:
+        cursor.execute(f"DROP FUNCTION IF EXISTS {old_signature}")
+        cursor.execute(sql)
+        cursor.execute(f"REVOKE EXECUTE ON FUNCTION {signature} FROM PUBLIC")
+        cursor.execute(f"GRANT EXECUTE ON FUNCTION {signature} TO {role}")
 
 
 def forwards(apps, schema_editor):
-    if schema_editor.connection.vendor != "postgresql":
-        return
-    with schema_editor.connection.cursor() as cursor:
-        cursor.execute(f"DROP FUNCTION IF EXISTS {ONE_RUN_SIGNATURE}")
-        cursor.execute(FINALIZE_DONE_SQL)
-        cursor.execute(f"REVOKE EXECUTE ON FUNCTION {SIGNATURE} FROM PUBLIC")
-        cursor.execute(f"GRANT EXECUTE ON FUNCTION {SIGNATURE} TO {_role()}")
+    _replace(schema_editor, ONE_RUN_SIGNATURE, FINALIZE_DONE_SQL, SIGNATURE)
 
 
 def backwards(apps, schema_editor):
-    if schema_editor.connection.vendor != "postgresql":
-        return
-    with schema_editor.connection.cursor() as cursor:
-        cursor.execute(f"DROP FUNCTION IF EXISTS {SIGNATURE}")
-        cursor.execute(ONE_RUN_SQL)
-        cursor.execute(f"REVOKE EXECUTE ON FUNCTION {ONE_RUN_SIGNATURE} FROM PUBLIC")
-        cursor.execute(f"GRANT EXECUTE ON FUNCTION {ONE_RUN_SIGNATURE} TO {_role()}")
+    _replace(schema_editor, SIGNATURE, ONE_RUN_SQL, ONE_RUN_SIGNATURE)
 
 
 class Migration(migrations.Migration):

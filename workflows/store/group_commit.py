@@ -421,7 +421,7 @@ def write_finalizes(batch: Sequence[_Finalize]) -> set[str]:
 
 def finalize_runs(runs: list[dict[str, Any]], rows: list[dict[str, Any]]) -> dict[str, Any]:
     """The statement ``finalize_done`` (sql/postgresql.py) for ``runs``, each as
-    :func:`completion_entry` makes it, and their remaining events ``rows``: one transaction
+    :func:`finalize_entry` makes it, and their remaining events ``rows``: one transaction
     unless the caller is in one. Returns each run whose fence matched (written), by id, with
     its parent's id (None for none)."""
     with connection.cursor() as cursor:
@@ -429,28 +429,20 @@ def finalize_runs(runs: list[dict[str, Any]], rows: list[dict[str, Any]]) -> dic
         return {str(run_id): parent for run_id, parent in cursor.fetchall()}
 
 
-def completion_entry(
+def finalize_entry(
     tenant_id: uuid.UUID,
     ref: RunRef,
     events: Sequence[Event],
     now: datetime,
     fields: dict[str, Any],
 ) -> tuple[dict[str, Any], list[dict[str, Any]]]:
-    """A completed run's entry in ``finalize_done``'s list of runs (its fence, its remaining
-    events' count and ``fields``: what the completion writes, sealed) and its events' rows;
-    ``events`` are consecutive (:func:`contiguous`)."""
+    """A completed run's entry in ``finalize_done``'s list of runs (its fence, as an
+    append's, and ``fields``: what the completion writes, sealed) and its remaining events'
+    rows; ``events`` are consecutive (:func:`contiguous`), possibly none."""
+    stored = [encode(e) for e in events]
     stamp = now.isoformat()
-    run = {
-        "id": ref.run_id,
-        "tenant": str(tenant_id),
-        "worker": ref.worker_id,
-        "generation": ref.generation,
-        "first": events[0].step if events else None,
-        "events": len(events),
-        "now": stamp,
-        **fields,
-    }
-    return run, event_rows(tenant_id, ref.run_id, [encode(e) for e in events], stamp)
+    run = {**_fenced_run(tenant_id, ref, stored, stamp), **fields}
+    return run, event_rows(tenant_id, ref.run_id, stored, stamp)
 
 
 def _json(value: Any) -> str:
@@ -461,18 +453,27 @@ def prepared(tenant_id: uuid.UUID, ref: RunRef, events: Sequence[Event], now: da
     """One run's append, as :func:`write_batch` takes it: the events encoded, the payloads
     sealed, the fence and the rows as the statement's JSON reads them."""
     stored = [encode(e) for e in events]
-    first = stored[0].step
     stamp = now.isoformat()
-    run = {
+    run = _fenced_run(tenant_id, ref, stored, stamp)
+    return _Append(ref, run, event_rows(tenant_id, ref.run_id, stored, stamp))
+
+
+def _fenced_run(
+    tenant_id: uuid.UUID, ref: RunRef, stored: Sequence[EncodedEvent], stamp: str
+) -> dict[str, Any]:
+    """A run's fence as the append's and the finalize's JSON read it: the run, its owner and
+    generation, the first new step and the count after the last (None for both without
+    events), and the write's moment ``stamp``."""
+    first = stored[0].step if stored else None
+    return {
         "id": ref.run_id,
         "tenant": str(tenant_id),
         "first": first,
-        "next": first + len(stored),
+        "next": None if first is None else first + len(stored),
         "worker": ref.worker_id,
         "generation": ref.generation,
         "now": stamp,
     }
-    return _Append(ref, run, event_rows(tenant_id, ref.run_id, stored, stamp))
 
 
 def event_rows(
@@ -553,7 +554,7 @@ def append(
 def finalize(
     ref: RunRef, run: dict[str, Any], rows: list[dict[str, Any]]
 ) -> tuple[bool, Any] | None:
-    """A completed run's finalize (its :func:`completion_entry`) in a shared transaction,
+    """A completed run's finalize (its :func:`finalize_entry`) in a shared transaction,
     when the process finalizes fast: (True, its parent id or None) when committed; (False,
     None) when its fence did not match (nothing written: the caller's general path tells
     why); None when not batched or its batch failed -- the caller writes it directly. The
@@ -571,9 +572,9 @@ __all__ = [
     "Settings",
     "append",
     "committer",
-    "completion_entry",
     "event_rows",
     "finalize",
+    "finalize_entry",
     "finalize_runs",
     "finalizer",
     "next_mode",

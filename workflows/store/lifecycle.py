@@ -651,7 +651,7 @@ def completion_entry(
     tenant: uuid.UUID, ref: RunRef, result: SegmentResult, now: datetime
 ) -> tuple[dict[str, Any], list[dict[str, Any]]] | None:
     """A completed segment's run and remaining events as ``finalize_done`` takes them
-    (:func:`group_commit.completion_entry`): the transition
+    (:func:`group_commit.finalize_entry`): the transition
     :func:`engine.lifecycle.completion` returns, sealed. None when the one-call finalize
     does not apply: not a completion, a consumed signal or an answered update to write, not
     PostgreSQL, inside a transaction, or events that do not follow one another."""
@@ -666,7 +666,7 @@ def completion_entry(
         or not contiguous(result.new_events)
     ):
         return None
-    return group_commit.completion_entry(
+    return group_commit.finalize_entry(
         tenant,
         ref,
         result.new_events,

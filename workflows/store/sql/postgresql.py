@@ -377,10 +377,11 @@ def run_interrupts_function_sql(role: str) -> str:
 # round trip and one commit instead of seven round trips a run, its statements planned once
 # per connection), in the common case only -- no consumed signal, no answered update, no open
 # child. One run's finalize (a run's own) or several (the group commit's, store.group_commit)
-# alike: the first argument lists each run (JSON: its fence -- owner, generation, the first
-# new step -- and what its completion writes), the second every remaining event (``run``
-# naming its run), two text parameters as the append's (quoting eighteen parameters a run
-# in Python cost the worker more than the statement). It runs as its caller, under RLS, and
+# alike: the first argument lists each run (JSON: its fence as the append's -- owner,
+# generation, the first new step and the count after it -- and what its completion
+# writes), the second every remaining event (``run`` naming its run), two text parameters
+# as the append's (quoting eighteen parameters a run in Python cost the worker more than
+# the statement). It runs as its caller, under RLS, and
 # for each tenant in turn sets it as tenant_context() does (the caller's is restored at the
 # end). The first statement is the fence and the new rows: it matches only the claimed rows
 # (owner, generation, running) whose history ends where the remaining events begin and that
@@ -398,7 +399,7 @@ FINALIZE_DONE = "SELECT id, parent_id FROM cleat.finalize_done(%s, %s)"
 FINALIZE_DONE_SIGNATURE = "cleat.finalize_done(json, json)"
 # A finalized run's fields in the first argument, each as json_to_recordset reads it.
 _FINALIZE_RUN_COLUMNS = (
-    "id uuid, tenant uuid, worker text, generation bigint, first integer, events integer, "
+    "id uuid, tenant uuid, worker text, generation bigint, first integer, next integer, "
     "status text, now timestamptz, updated_at timestamptz, result text, query_state text, "
     "lock_holder text, updates_result text"
 )
@@ -433,7 +434,7 @@ BEGIN
                    error_code = NULL, waiting_on = NULL, next_wake_at = NULL,
                    query_state = c.query_state::jsonb, assigned_to = NULL,
                    heartbeat_at = c.now, updated_at = c.updated_at,
-                   event_count = i.event_count + c.events
+                   event_count = COALESCE(c.next, i.event_count)
               FROM json_to_recordset(p_runs) AS c({_FINALIZE_RUN_COLUMNS})
              WHERE c.tenant = v_tenant AND i.id = c.id AND i.tenant_id = v_tenant
                AND i.assigned_to = c.worker AND i.generation = c.generation
