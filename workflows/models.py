@@ -429,7 +429,13 @@ class WorkflowInstance(SealedModel, TenantScoped):
         # there Django makes them whole, with the same answers.)
         indexes = [
             models.Index(fields=["workflow_id"], name="instance_workflow_id"),
-            models.Index(fields=["status", "task_queue", "next_wake_at"], name="instance_due"),
+            # Ready runs across tenants (the next due instant, the wake sweep) and running
+            # ones (the reaper's expired leases): an ended run is not written to it.
+            models.Index(
+                fields=["status", "task_queue", "next_wake_at"],
+                name="instance_due",
+                condition=Q(status__in=[RunStatus.READY, RunStatus.RUNNING]),
+            ),
             models.Index(fields=["tenant", "status", "created_at"], name="instance_listing"),
             # A worker's claimed runs (its heartbeat, the console's worker page).
             models.Index(
@@ -439,7 +445,8 @@ class WorkflowInstance(SealedModel, TenantScoped):
             ),
             # A claim's per-tenant turn: that tenant's due runs in one queue, most urgent
             # first, in the claim's whole order (ties by creation), so the claim reads them
-            # off the index instead of sorting every due run.
+            # off the index instead of sorting every due run. Only ready runs are in it: a
+            # claim's or a finalize's new row is not written to it.
             models.Index(
                 fields=[
                     "tenant",
@@ -450,6 +457,7 @@ class WorkflowInstance(SealedModel, TenantScoped):
                     "created_at",
                 ],
                 name="instance_tenant_due_order",
+                condition=Q(status=RunStatus.READY),
             ),
             # The retention purge: a tenant's finished runs of one status, oldest end first.
             models.Index(

@@ -46,11 +46,14 @@ def planner() -> Iterator[psycopg.Connection[Any]]:
             owner.rollback()
 
 
-def reads(planner: psycopg.Connection[Any], index: str, sql: str, params: Any = ()) -> bool:
+def reads(
+    planner: psycopg.Connection[Any], index: str, sql: str, params: Any = (), alias: str = ""
+) -> bool:
     """Whether the plan of ``sql`` reads ``index`` when it is the run table's only index
     besides the unique ones (the others are dropped in a savepoint, then restored): whether
     the query's WHERE clause implies the index's condition, whatever the planner would
-    choose among indexes of equal cost on an empty table."""
+    choose among indexes of equal cost on an empty table. With ``alias``, only a read of
+    the table under that name counts (one statement may read the table several times)."""
     others = planner.execute(
         "SELECT i.indexrelid::regclass::text FROM pg_index AS i "
         "WHERE i.indrelid = %s::regclass AND NOT i.indisunique "
@@ -65,7 +68,8 @@ def reads(planner: psycopg.Connection[Any], index: str, sql: str, params: Any = 
     finally:
         planner.execute("ROLLBACK TO SAVEPOINT plan")
     plan = "\n".join(row[0] for row in rows)
-    return re.search(rf"Index (Only )?Scan (using|on) {index}\b", plan) is not None
+    named = rf" on \S+ {alias}\b" if alias else r"\b"
+    return re.search(rf"Index (Only )?Scan (using|on) {index}{named}", plan) is not None
 
 
 def queryset_reads(planner: psycopg.Connection[Any], index: str, queryset: QuerySet[Any]) -> bool:
@@ -87,6 +91,11 @@ def test_the_conditions_are_in_the_database() -> None:
         "instance_parent": "WHERE (parent_id IS NOT NULL)",
         "instance_child_ended": "WHERE (parent_id IS NOT NULL)",
         "instance_cancel_asked": "WHERE cancel_requested",
+        "instance_tenant_due_order": "WHERE ((status)::text = 'ready'::text)",
+        "instance_due": (
+            "WHERE ((status)::text = ANY ((ARRAY['ready'::character varying, "
+            "'running'::character varying])::text[]))"
+        ),
     }
     for name, condition in conditions.items():
         assert defined[name].endswith(condition), defined[name]
@@ -143,3 +152,67 @@ def test_the_wake_sweep_reads_ended_children_and_cancellations_by_their_indexes(
 def test_a_run_is_found_by_its_workflow_id(planner: psycopg.Connection[Any]) -> None:
     found = WorkflowInstance.objects.filter(workflow_id="order-1")
     assert queryset_reads(planner, "instance_workflow_id", found)
+
+
+def _function_statement(sql: str, name: str, params: dict[str, str]) -> str:
+    """The statement of ``sql``'s function ``name`` between its ``$$`` markers, each of
+    ``params`` (its parameters, in order, with their types) a placeholder of a prepared
+    statement: what the function plans at a call."""
+    body = re.search(rf"FUNCTION cleat\.{name}\(.*?\$\$(.*?)\$\$", sql, re.S)
+    assert body is not None, name
+    return _placeholders(body.group(1), params)
+
+
+def _placeholders(statement: str, params: dict[str, str]) -> str:
+    """``statement`` with each of ``params`` (in order) a placeholder ($1, $2, ...)."""
+    for i, param in enumerate(params, start=1):
+        statement = re.sub(rf"\b{param}\b", f"${i}", statement)
+    return statement
+
+
+def test_the_claim_reads_ready_runs_by_instance_tenant_due_order(
+    planner: psycopg.Connection[Any],
+) -> None:
+    # The worker's claim as cleat.claim_instances plans it (its statement, the parameters
+    # as placeholders): the test for due runs (w) and each queue's candidates (d), both of
+    # ready runs.
+    params = {
+        "p_worker": "text",
+        "p_queues": "text[]",
+        "p_limit": "integer",
+        "p_now": "timestamptz",
+        "p_default_cap": "integer",
+    }
+    statement = _placeholders(workflows_sql._CLAIM_COMMON, params)
+    planner.execute(f"PREPARE claim({', '.join(params.values())}) AS {statement}")
+    args = ("w-1", ["default"], 10, timezone.now(), 100)
+    claim = "EXECUTE claim(%s, %s, %s, %s, %s)"
+    assert reads(planner, "instance_tenant_due_order", claim, args, alias="d")
+    assert reads(planner, "instance_tenant_due_order", claim, args, alias="w")
+
+
+def test_the_next_due_instant_reads_the_due_indexes(planner: psycopg.Connection[Any]) -> None:
+    # cleat.next_due_at's two statements: the queues' next ready run of all tenants, then of
+    # one tenant.
+    function = workflows_sql.NEXT_DUE_AT_FUNCTION
+    found = re.findall(r"RETURN \((SELECT min\(next_wake_at\).*?)\);", function, re.S)
+    assert len(found) == 2, function
+    every, one = (_placeholders(q, {"p_queues": "text[]", "p_tenant": "uuid"}) for q in found)
+    planner.execute(f"PREPARE every_tenant(text[], uuid) AS {every}")
+    planner.execute(f"PREPARE one_tenant(text[], uuid) AS {one}")
+    args = (["default"], uuid.uuid4())
+    assert reads(planner, "instance_due", "EXECUTE every_tenant(%s, %s)", args)
+    assert reads(planner, "instance_tenant_due_order", "EXECUTE one_tenant(%s, %s)", args)
+
+
+def test_the_reaper_reads_running_runs_by_instance_due(planner: psycopg.Connection[Any]) -> None:
+    # cleat.reap_expired_leases' statement: the running runs of every tenant whose lease
+    # expired.
+    reap = _function_statement(
+        workflows_sql.definer_functions_sql("cleat_app"),
+        "reap_expired_leases",
+        {"p_cutoff": "timestamptz", "p_now": "timestamptz"},
+    )
+    planner.execute(f"PREPARE reap(timestamptz, timestamptz) AS {reap}")
+    now = timezone.now()
+    assert reads(planner, "instance_due", "EXECUTE reap(%s, %s)", (now - timedelta(60), now))
