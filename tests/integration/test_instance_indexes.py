@@ -147,6 +147,10 @@ def test_the_wake_sweep_reads_ended_children_and_cancellations_by_their_indexes(
     due = (since, timezone.now())
     assert reads(planner, "instance_child_ended", "EXECUTE sweep(%s, %s)", due)
     assert reads(planner, "instance_cancel_asked", "EXECUTE sweep(%s, %s)", due)
+    # Its ready runs (the waiting ones whose wake-up arrived) imply either due index's
+    # condition (migration 0033).
+    assert reads(planner, "instance_due", "EXECUTE sweep(%s, %s)", due)
+    assert reads(planner, "instance_tenant_due_order", "EXECUTE sweep(%s, %s)", due)
 
 
 def test_a_run_is_found_by_its_workflow_id(planner: psycopg.Connection[Any]) -> None:
