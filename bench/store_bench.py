@@ -161,6 +161,8 @@ class Cleat:
     workload: str = "wat"
     # Also deploy the workload as a Python workflow under PYTHON_DEFINITION.
     python_too: bool = False
+    # The workers' --claim-ahead: runworker's default, or a number to compare with.
+    claim_ahead: str = "auto"
 
     def prepare(self) -> None:
         """Create and migrate the database (as the owner); configure Django in this process
@@ -385,7 +387,7 @@ def cleat_throughput(
         "--concurrency",
         str(concurrency),
         "--claim-ahead",
-        str(concurrency),
+        cleat.claim_ahead,
         "--burst",
         log=f"{definition}-throughput-p{processes}-c{concurrency}.log",
     )
@@ -1174,6 +1176,11 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--processes", default="1,2", help="worker process counts, e.g. 1,2")
     parser.add_argument("--concurrency", type=int, default=8, help="segments per process")
     parser.add_argument(
+        "--claim-ahead",
+        default="auto",
+        help="the workers' runworker --claim-ahead (default auto, runworker's default)",
+    )
+    parser.add_argument(
         "--conn-max-age",
         type=int,
         default=0,
@@ -1277,6 +1284,7 @@ def main(argv: Sequence[str] | None = None) -> None:
             logdir,
             workload=args.workload,
             python_too="python-throughput" in parts,
+            claim_ahead=args.claim_ahead,
         )
         if needs_cleat:
             cleat.prepare()

@@ -1,7 +1,8 @@
 """A worker may claim ahead of its threads (WorkerOptions.claim_ahead, runworker
---claim-ahead; off by default): one claim fills the idle threads and a queue, and no claim is
-made while claimed runs still wait for a thread. On stop, the queued runs are given back at
-once, their attempts unspent.
+--claim-ahead): one claim fills the idle threads and a queue, and no claim is made while
+claimed runs still wait for a thread. By default (``auto``) the queue follows the backlog:
+it grows while claims come back full and halves when one comes back short. On stop, the
+queued runs are given back at once, their attempts unspent.
 """
 
 from __future__ import annotations
@@ -88,12 +89,79 @@ def test_on_stop_the_runs_no_thread_started_are_given_back(tenant: Any) -> None:
     assert {v[2] for v in given_back} == {runs[0].attempt}
 
 
-def test_by_default_a_worker_claims_for_idle_threads_only() -> None:
+def test_by_default_a_new_worker_claims_for_idle_threads_only() -> None:
     from workflows.worker import Worker, WorkerOptions
 
     worker = Worker(WorkerOptions(concurrency=4))
     worker._inflight = {Future(): None for _ in range(3)}  # type: ignore[misc]
     assert worker._free_slots() == 1
+    worker._ahead = 8  # auto: the queue the backlog has grown
+    assert worker._free_slots() == 9
+
+
+@pytest.mark.parametrize(
+    ("ahead", "room", "claimed", "after"),
+    [
+        (0, 4, 4, 4),  # a full claim: more may be due, the queue grows by the threads
+        (4, 8, 8, 8),
+        (8, 12, 12, 12),
+        (12, 16, 16, 12),  # up to three times the threads
+        (12, 16, 15, 6),  # a short claim took every run due: the queue halves
+        (1, 5, 0, 0),
+        (8, 0, 0, 8),  # no room, no claim: unchanged
+    ],
+)
+def test_the_automatic_queue_follows_the_backlog(
+    ahead: int, room: int, claimed: int, after: int
+) -> None:
+    from workflows.worker import next_claim_ahead
+
+    assert next_claim_ahead(ahead, room, claimed, concurrency=4) == after
+
+
+def test_a_backlog_is_claimed_in_growing_claims(tenant: Any, monkeypatch: Any) -> None:
+    """A burst worker of the default options over a backlog: its claims take more than its
+    threads once the first came back full, every run is done, and the last claim (nothing
+    left due) leaves the queue smaller than the largest it reached."""
+    from django.db import connection
+
+    from tests.fixtures.wat import Wat
+    from workflows import worker as worker_module
+    from workflows.definitions import deploy_definition
+    from workflows.models import RunStatus, WorkflowInstance
+    from workflows.services import start_workflow
+    from workflows.tenancy import tenant_context
+    from workflows.worker import Worker, WorkerOptions
+
+    w = Wat()
+    w.run("(call $finish)")
+    deploy_definition(tenant, "done_at_once", w.wasm())
+    runs = [start_workflow(tenant, "done_at_once", None)[0] for _ in range(30)]
+    claims: list[tuple[int, int]] = []
+    real_claim = worker_module.claim_ready_instances
+
+    def recording(worker_id: str, queues: Any, free: int, *args: Any, **kw: Any) -> Any:
+        claimed = real_claim(worker_id, queues, free, *args, **kw)
+        if free > 0:
+            claims.append((free, len(claimed)))
+        return claimed
+
+    monkeypatch.setattr(worker_module, "claim_ready_instances", recording)
+    threads = 1 if connection.vendor == "sqlite" else 2
+    worker = Worker(WorkerOptions(concurrency=threads, burst=True, poll_interval_s=0.1))
+    assert worker.run() == len(runs)
+    with tenant_context(tenant.id):
+        statuses = set(
+            WorkflowInstance.objects.filter(id__in=[r.id for r in runs]).values_list(
+                "status", flat=True
+            )
+        )
+    assert statuses == {RunStatus.DONE}
+    assert claims[0] == (threads, threads)  # a new worker: its idle threads only
+    assert max(room for room, _ in claims) > threads  # then threads and a queue
+    assert max(room for room, _ in claims) <= threads + 3 * threads
+    assert sum(got for _, got in claims) == len(runs)
+    assert worker._ahead < max(room for room, _ in claims) - threads
 
 
 def _finished(worker: Any) -> bool:

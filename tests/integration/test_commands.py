@@ -454,6 +454,10 @@ BAD_INPUT: dict[str, tuple[tuple[str, ...], str]] = {
         ("runworker", "--burst", "--claim-ahead", "-1"),
         "--claim-ahead must be 0 or more",
     ),
+    "worker claiming ahead by a word": (
+        ("runworker", "--burst", "--claim-ahead", "lots"),
+        "--claim-ahead must be 0 or more, or auto (got 'lots')",
+    ),
 }
 
 

@@ -22,7 +22,13 @@ from workflows.management.commands._common import use_worker_connection_age
 from workflows.models import Tenant
 from workflows.rls import bypass_reasons, format_reasons
 from workflows.services import ServiceError, get_tenant
-from workflows.worker import Worker, WorkerOptions, default_worker_id
+from workflows.worker import (
+    AUTO_AHEAD_THREADS,
+    CLAIM_AHEAD_AUTO,
+    Worker,
+    WorkerOptions,
+    default_worker_id,
+)
 
 log = logging.getLogger("cleat.worker")
 
@@ -49,6 +55,22 @@ def default_concurrency(vendor: str) -> int:
     if vendor == "sqlite":
         return 1
     return max(MIN_THREADS, min(MAX_THREADS, THREADS_PER_CPU * usable_cpus()))
+
+
+def parse_claim_ahead(value: str) -> int | str:
+    """``--claim-ahead``: ``auto`` or a number of runs, 0 or more."""
+    text = value.strip().lower()
+    if text == CLAIM_AHEAD_AUTO:
+        return CLAIM_AHEAD_AUTO
+    try:
+        ahead = int(text)
+    except ValueError:
+        ahead = -1
+    if ahead < 0:
+        raise CommandError(
+            f"--claim-ahead must be 0 or more, or {CLAIM_AHEAD_AUTO} (got {value!r})"
+        )
+    return ahead
 
 
 # A worker serves no URL and renders no page: its start-up leaves out the web side's system
@@ -88,9 +110,10 @@ class Command(BaseCommand):
         parser.add_argument("--lease", type=float, default=60.0, help="lease in seconds")
         parser.add_argument(
             "--claim-ahead",
-            type=int,
-            default=0,
-            help="runs claimed beyond the threads, queued for the next free one (default 0)",
+            default=CLAIM_AHEAD_AUTO,
+            help="runs claimed beyond the threads, queued for the next free one: a number (0: "
+            "none), or auto, a queue that follows the backlog, up to "
+            f"{AUTO_AHEAD_THREADS} times the threads (default auto)",
         )
         parser.add_argument("--burst", action="store_true", help="exit when nothing is due")
         parser.add_argument(
@@ -132,8 +155,7 @@ class Command(BaseCommand):
             concurrency = default_concurrency(connection.vendor)
         if concurrency < 1:
             raise CommandError("--concurrency must be at least 1")
-        if options["claim_ahead"] < 0:
-            raise CommandError("--claim-ahead must be 0 or more")
+        claim_ahead = parse_claim_ahead(str(options["claim_ahead"]))
         try:
             tracing.tracer()  # a bad CLEAT_TRACING (or OTLP without its package) stops here
         except ImproperlyConfigured as exc:
@@ -147,7 +169,7 @@ class Command(BaseCommand):
             poll_interval_s=options["poll_interval"],
             lease_s=options["lease"],
             burst=options["burst"],
-            claim_ahead=options["claim_ahead"],
+            claim_ahead=claim_ahead,
         )
         if options["processes"] > 1:
             self._supervise(options, worker_options)
