@@ -1174,7 +1174,12 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--workflows", type=int, default=1000)
     parser.add_argument("--steps", type=int, default=10)
     parser.add_argument("--processes", default="1,2", help="worker process counts, e.g. 1,2")
-    parser.add_argument("--concurrency", type=int, default=8, help="segments per process")
+    parser.add_argument(
+        "--concurrency",
+        type=int,
+        default=16,
+        help="segments per process (default 16: runworker's default on 2 CPUs; DBOS gets the same)",
+    )
     parser.add_argument(
         "--claim-ahead",
         default="auto",

@@ -246,11 +246,11 @@ def test_the_commands_as_processes(tenant: Tenant, files: dict[str, Path]) -> No
 
 
 def test_runworker_threads_follow_the_usable_cpus(monkeypatch: pytest.MonkeyPatch) -> None:
-    """Four threads per CPU the process may use, between 4 and 32; one on SQLite. A worker
+    """Eight threads per CPU the process may use, at most 32; one on SQLite. A worker
     started without --concurrency says how many it took."""
     from workflows.management.commands import runworker
 
-    for cpus, threads in ((1, 4), (2, 8), (3, 12), (8, 32), (64, 32)):
+    for cpus, threads in ((1, 8), (2, 16), (3, 24), (4, 32), (8, 32), (64, 32)):
         monkeypatch.setattr(runworker, "usable_cpus", lambda cpus=cpus: cpus)
         assert runworker.default_concurrency("postgresql") == threads
         assert runworker.default_concurrency("mysql") == threads
