@@ -120,9 +120,10 @@ def test_the_automatic_queue_follows_the_backlog(
 
 
 def test_a_backlog_is_claimed_in_growing_claims(tenant: Any, monkeypatch: Any) -> None:
-    """A burst worker of the default options over a backlog: its claims take more than its
-    threads once the first came back full, every run is done, and the last claim (nothing
-    left due) leaves the queue smaller than the largest it reached."""
+    """A burst worker of the default options over a backlog: its first claim is for its
+    threads alone; the queue grows while claims come back full (never past three times the
+    threads), and the last claims (nothing left due) leave it smaller than the largest it
+    reached; every run is done."""
     from django.db import connection
 
     from tests.fixtures.wat import Wat
@@ -147,6 +148,14 @@ def test_a_backlog_is_claimed_in_growing_claims(tenant: Any, monkeypatch: Any) -
         return claimed
 
     monkeypatch.setattr(worker_module, "claim_ready_instances", recording)
+    queues: list[int] = []
+    real_next = worker_module.next_claim_ahead
+
+    def next_queue(*args: Any, **kw: Any) -> int:
+        queues.append(real_next(*args, **kw))
+        return queues[-1]
+
+    monkeypatch.setattr(worker_module, "next_claim_ahead", next_queue)
     threads = 1 if connection.vendor == "sqlite" else 2
     worker = Worker(WorkerOptions(concurrency=threads, burst=True, poll_interval_s=0.1))
     assert worker.run() == len(runs)
@@ -158,10 +167,11 @@ def test_a_backlog_is_claimed_in_growing_claims(tenant: Any, monkeypatch: Any) -
         )
     assert statuses == {RunStatus.DONE}
     assert claims[0] == (threads, threads)  # a new worker: its idle threads only
-    assert max(room for room, _ in claims) > threads  # then threads and a queue
-    assert max(room for room, _ in claims) <= threads + 3 * threads
+    assert queues[0] == threads  # that claim came back full: a queue of the threads
+    assert max(queues) <= 3 * threads
+    assert max(room for room, _ in claims) <= threads + max(queues)
     assert sum(got for _, got in claims) == len(runs)
-    assert worker._ahead < max(room for room, _ in claims) - threads
+    assert worker._ahead == queues[-1] < max(queues)  # the short claims at the end
 
 
 def _finished(worker: Any) -> bool:
