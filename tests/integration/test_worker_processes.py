@@ -205,7 +205,11 @@ def test_a_worker_killed_mid_call_is_reaped_and_the_key_deduplicates_the_resend(
     every effect happened exactly once."""
     runs = start_runs(deployed, 8)
     ledger.hold(30)
-    with worker(tmp_path, "crash-a", ledger, "--concurrency", "4", "--lease", "2") as a:
+    # No queue ahead of the threads: a holds exactly the four runs in flight, and the other
+    # four stay ready (runs queued ahead and given back: test_claim_ahead.py).
+    with worker(
+        tmp_path, "crash-a", ledger, "--concurrency", "4", "--claim-ahead", "0", "--lease", "2"
+    ) as a:
         wait_until(lambda: ledger.held == 4, 30, "four ledger calls in flight")
         in_flight = set(ledger.entries)
         a.kill()
