@@ -248,6 +248,42 @@ def test_a_worker_killed_mid_call_is_reaped_and_the_key_deduplicates_the_resend(
     assert "event=worker_stopped worker=crash-b" in log
 
 
+def test_a_killed_workers_queued_runs_are_reaped_and_run_once(
+    deployed: Tenant, ledger: Ledger, tmp_path: Path
+) -> None:
+    """A worker that claims ahead of its threads (runworker's default) and is killed mid-call
+    holds more runs than it runs: the one in flight and the ones queued for a thread. A
+    second worker reaps them all after the lease and runs them; the queued runs had made no
+    call, so only the in-flight call is sent again, and every effect happens once."""
+    runs = start_runs(deployed, 4)
+    ledger.hold(30)
+    with worker(
+        tmp_path, "queue-a", ledger, "--concurrency", "1", "--claim-ahead", "3", "--lease", "2"
+    ) as a:
+        wait_until(lambda: ledger.held == 1, 30, "the call in flight")
+        in_flight = set(ledger.entries)
+        a.kill()
+    ledger.release()
+    with tenant_context(deployed.id):
+        held = dict(
+            WorkflowInstance.objects.filter(status=RunStatus.RUNNING).values_list(
+                "id", "assigned_to"
+            )
+        )
+    assert set(held.values()) == {"queue-a"} and len(held) == len(runs)  # 1 running, 3 queued
+    with worker(tmp_path, "queue-b", ledger, "--concurrency", "4", "--lease", "3") as b:
+        wait_until(
+            lambda: statuses(deployed)[RunStatus.DONE] == len(runs), 60, "every run done", 0.2
+        )
+        b.terminate()
+        assert b.wait(timeout=30) == 0, b.log()
+    generations = check_books(deployed, runs, ledger)
+    # Each: claimed by a (1), reaped (2), claimed by b (3).
+    assert generations == dict.fromkeys(runs, 3)
+    assert len(in_flight) == 1 and ledger.repeated_keys() == in_flight
+    assert sum(int(n) for n in _values(b.log(), "event=reaped count=")) == len(runs), b.log()
+
+
 def test_sigterm_lets_the_running_segment_finish_then_exits(
     deployed: Tenant, ledger: Ledger, tmp_path: Path
 ) -> None:
