@@ -1,6 +1,7 @@
 """Real ``manage.py runworker`` processes sharing one PostgreSQL database (connected as the
 RLS-bound application role): two workers racing over a thousand runs, a worker killed with
-SIGKILL in the middle of service calls and its runs recovered by another, and SIGTERM
+SIGKILL in the middle of service calls and its runs (those in flight and those queued for a
+thread) recovered by another, and SIGTERM
 letting a running segment finish.
 
 The workflow makes two durable calls to an HTTP ledger served by the test process
@@ -19,6 +20,7 @@ import uuid
 from collections import Counter
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 from django.db import connection
@@ -196,6 +198,40 @@ def test_two_worker_processes_race_over_a_thousand_runs(
         assert "fence_lost" not in log and "Traceback" not in log, log[-3000:]
 
 
+def killed_mid_call(
+    tenant: Tenant, ledger: Ledger, tmp_path: Path, name: str, calls: int, *args: str
+) -> tuple[set[str], dict[Any, str]]:
+    """A worker ``name`` (lease 2 s, ``args``) SIGKILLed once ``calls`` ledger calls are in
+    flight (their effects done, their answers held back); the ledger then answers again.
+    Returns the keys that were in flight and the runs left running, with their owner."""
+    ledger.hold(30)
+    with worker(tmp_path, name, ledger, *args, "--lease", "2") as killed:
+        wait_until(lambda: ledger.held == calls, 30, f"{calls} ledger call(s) in flight")
+        in_flight = set(ledger.entries)
+        killed.kill()
+    ledger.release()
+    with tenant_context(tenant.id):
+        orphaned = dict(
+            WorkflowInstance.objects.filter(status=RunStatus.RUNNING).values_list(
+                "id", "assigned_to"
+            )
+        )
+    return in_flight, orphaned
+
+
+def recovered(
+    tenant: Tenant, ledger: Ledger, tmp_path: Path, name: str, runs: int
+) -> WorkerProcess:
+    """A second worker (4 threads; a little more lease than the killed one's, so that on a
+    loaded machine it does not reap its own runs) until all ``runs`` are done, stopped
+    cleanly."""
+    with worker(tmp_path, name, ledger, "--concurrency", "4", "--lease", "3") as second:
+        wait_until(lambda: statuses(tenant)[RunStatus.DONE] == runs, 60, "every run done", 0.2)
+        second.terminate()
+        assert second.wait(timeout=30) == 0, second.log()
+    return second
+
+
 def test_a_worker_killed_mid_call_is_reaped_and_the_key_deduplicates_the_resend(
     deployed: Tenant, ledger: Ledger, tmp_path: Path
 ) -> None:
@@ -204,32 +240,14 @@ def test_a_worker_killed_mid_call_is_reaped_and_the_key_deduplicates_the_resend(
     the same idempotency keys again and gets the stored answers: every run completes and
     every effect happened exactly once."""
     runs = start_runs(deployed, 8)
-    ledger.hold(30)
     # No queue ahead of the threads: a holds exactly the four runs in flight, and the other
-    # four stay ready (runs queued ahead and given back: test_claim_ahead.py).
-    with worker(
-        tmp_path, "crash-a", ledger, "--concurrency", "4", "--claim-ahead", "0", "--lease", "2"
-    ) as a:
-        wait_until(lambda: ledger.held == 4, 30, "four ledger calls in flight")
-        in_flight = set(ledger.entries)
-        a.kill()
-    ledger.release()
-    with tenant_context(deployed.id):
-        orphaned = dict(
-            WorkflowInstance.objects.filter(status=RunStatus.RUNNING).values_list(
-                "id", "assigned_to"
-            )
-        )
+    # four stay ready (runs queued ahead: the next test).
+    in_flight, orphaned = killed_mid_call(
+        deployed, ledger, tmp_path, "crash-a", 4, "--concurrency", "4", "--claim-ahead", "0"
+    )
     assert set(orphaned.values()) == {"crash-a"} and len(orphaned) == 4
     assert statuses(deployed)[RunStatus.READY] == 4
-
-    # A little more lease than a: on a loaded machine b must not reap its own runs.
-    with worker(tmp_path, "crash-b", ledger, "--concurrency", "4", "--lease", "3") as b:
-        wait_until(
-            lambda: statuses(deployed)[RunStatus.DONE] == len(runs), 60, "every run done", 0.2
-        )
-        b.terminate()
-        assert b.wait(timeout=30) == 0, b.log()
+    b = recovered(deployed, ledger, tmp_path, "crash-b", len(runs))
 
     generations = check_books(deployed, runs, ledger)
     crashed = {str(run) for run in orphaned}
@@ -256,27 +274,11 @@ def test_a_killed_workers_queued_runs_are_reaped_and_run_once(
     second worker reaps them all after the lease and runs them; the queued runs had made no
     call, so only the in-flight call is sent again, and every effect happens once."""
     runs = start_runs(deployed, 4)
-    ledger.hold(30)
-    with worker(
-        tmp_path, "queue-a", ledger, "--concurrency", "1", "--claim-ahead", "3", "--lease", "2"
-    ) as a:
-        wait_until(lambda: ledger.held == 1, 30, "the call in flight")
-        in_flight = set(ledger.entries)
-        a.kill()
-    ledger.release()
-    with tenant_context(deployed.id):
-        held = dict(
-            WorkflowInstance.objects.filter(status=RunStatus.RUNNING).values_list(
-                "id", "assigned_to"
-            )
-        )
+    in_flight, held = killed_mid_call(
+        deployed, ledger, tmp_path, "queue-a", 1, "--concurrency", "1", "--claim-ahead", "3"
+    )
     assert set(held.values()) == {"queue-a"} and len(held) == len(runs)  # 1 running, 3 queued
-    with worker(tmp_path, "queue-b", ledger, "--concurrency", "4", "--lease", "3") as b:
-        wait_until(
-            lambda: statuses(deployed)[RunStatus.DONE] == len(runs), 60, "every run done", 0.2
-        )
-        b.terminate()
-        assert b.wait(timeout=30) == 0, b.log()
+    b = recovered(deployed, ledger, tmp_path, "queue-b", len(runs))
     generations = check_books(deployed, runs, ledger)
     # Each: claimed by a (1), reaped (2), claimed by b (3).
     assert generations == dict.fromkeys(runs, 3)
