@@ -193,6 +193,7 @@ def check(tenant: Any, ledger: Ledger, schedule_ids: Collection[str] = ()) -> Ch
         successors = {str(r.continued_from_id) for r in rows if r.continued_from_id}
     report.runs = len(rows)
     recorded: dict[str, str] = {}  # idempotency key -> recorded response
+    where: dict[str, str] = {}  # idempotency key -> the run, step and call that recorded it
     for row in rows:
         run = str(row.id)
         events = history[run]
@@ -205,6 +206,11 @@ def check(tenant: Any, ledger: Ledger, schedule_ids: Collection[str] = ()) -> Ch
                 if key in recorded:
                     report.add(f"run {run} step {event.step}: key {key} recorded twice")
                 recorded[key] = event.response
+                where[key] = (
+                    f"run {run} ({row.definition_name}, {row.workflow_id}) step {event.step}: "
+                    f"{event.operation} status={event.status} attempt={event.attempt} "
+                    f"error={event.error!r} response={event.response!r}"
+                )
                 report.calls += 1
         # 1. the final state
         if row.status != RunStatus.DONE:
@@ -233,19 +239,28 @@ def check(tenant: Any, ledger: Ledger, schedule_ids: Collection[str] = ()) -> Ch
         problem = _replay(row, events, modules[row.definition_id], run in successors)
         if problem:
             report.add(f"run {run} ({row.definition_name}): {problem}")
-    _check_ledger(ledger, recorded, report)
+    _check_ledger(ledger, recorded, where, report)
     for schedule_id in schedule_ids:
         _check_schedule(tenant, schedule_id, report)
     return report
 
 
-def _check_ledger(ledger: Ledger, recorded: dict[str, str], report: CheckReport) -> None:
+def _check_ledger(
+    ledger: Ledger, recorded: dict[str, str], where: dict[str, str], report: CheckReport
+) -> None:
     for key, response in recorded.items():
         entry = ledger.entries.get(key)
         if entry is None:
-            report.add(f"key {key}: a recorded call the ledger never performed")
+            report.add(
+                f"key {key}: a recorded call the ledger never performed "
+                f"(requests with the key: {ledger.requests.get(key, 0)}; "
+                f"truncated requests: {ledger.truncated}): {where[key]}"
+            )
         elif entry.response != response:
-            report.add(f"key {key}: recorded {response!r}, the ledger answered {entry.response!r}")
+            report.add(
+                f"key {key}: recorded {response!r}, the ledger answered {entry.response!r}: "
+                f"{where[key]}"
+            )
     orphans = set(ledger.entries) - set(recorded)
     if orphans:
         report.add(

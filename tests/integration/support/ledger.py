@@ -139,6 +139,11 @@ class Ledger:
 
         class Server(ThreadingHTTPServer):
             daemon_threads = True
+            # The listen backlog. socketserver's default of 5 is less than the calls two
+            # workers of 16 threads make at once: on a loaded machine the connections beyond
+            # it were reset before the ledger saw them, and the calls failed (ERROR) with no
+            # effect -- a service answering that many clients keeps a longer queue.
+            request_queue_size = 1024
 
             def handle_error(self, request: Any, client_address: Any) -> None:
                 # A killed worker leaves held requests with nobody to answer: expected.
