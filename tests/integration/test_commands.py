@@ -8,12 +8,14 @@ traceback.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
 import signal
 import subprocess
 import sys
+import threading
 import time
 import uuid
 from collections.abc import Iterator
@@ -290,14 +292,13 @@ def test_runworker_processes_are_forked_and_share_the_work(tenant: Tenant) -> No
     assert statuses == {RunStatus.DONE}
 
 
-def test_runworker_forwards_sigterm_to_its_forked_workers(tmp_path: Path) -> None:
-    """SIGTERM to the supervisor reaches both forked workers: each stops cleanly and the
-    supervisor exits 0."""
+def _supervisor(log_path: Path) -> subprocess.Popen[bytes]:
+    """``runworker --processes 2`` (forked workers of one thread each), its output in
+    ``log_path``."""
     env = {k: v for k, v in os.environ.items() if k != "DJANGO_SETTINGS_MODULE"}
     env.update(DEBUG="1", DATABASE_URL=database_url(), PYTHONUNBUFFERED="1")
-    log_path = tmp_path / "supervisor.log"
     with open(log_path, "w") as log:
-        supervisor = subprocess.Popen(
+        return subprocess.Popen(
             [
                 sys.executable,
                 str(ROOT / "manage.py"),
@@ -314,20 +315,96 @@ def test_runworker_forwards_sigterm_to_its_forked_workers(tmp_path: Path) -> Non
             stdout=log,
             stderr=subprocess.STDOUT,
         )
+
+
+def _children(pid: int) -> list[int]:
     try:
-        deadline = time.monotonic() + 60
-        while log_path.read_text().count("event=worker_started") < 2:
-            assert supervisor.poll() is None, log_path.read_text()
-            assert time.monotonic() < deadline, log_path.read_text()
-            time.sleep(0.05)
+        return [int(c) for c in Path(f"/proc/{pid}/task/{pid}/children").read_text().split()]
+    except OSError:
+        return []
+
+
+def _stopped_cleanly(supervisor: subprocess.Popen[bytes], log_path: Path) -> None:
+    """SIGTERM to the supervisor: it exits 0 once both workers stopped cleanly."""
+    forked: list[int] = []
+    try:
         supervisor.send_signal(signal.SIGTERM)
+        forked = _children(supervisor.pid)
         assert supervisor.wait(timeout=60) == 0, log_path.read_text()
     finally:
         if supervisor.poll() is None:
             supervisor.kill()
+        for pid in forked + _children(supervisor.pid):  # none left behind, whatever failed
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
     text = log_path.read_text()
     assert text.count("event=worker_stopped") == 2, text
     assert "started_as=fork" in text and "Traceback" not in text
+    assert not [pid for pid in forked if Path(f"/proc/{pid}").exists()], "a worker outlived it"
+
+
+def test_runworker_forwards_sigterm_to_its_forked_workers(tmp_path: Path) -> None:
+    """SIGTERM to the supervisor the moment its first forked worker says it started (in CI
+    that once came before the supervisor's handler: it died of the signal and left both
+    workers running on the test database): both stop cleanly, the supervisor exits 0 and
+    no worker outlives it."""
+    log_path = tmp_path / "supervisor.log"
+    supervisor = _supervisor(log_path)
+    deadline = time.monotonic() + 60
+    while "event=worker_started" not in log_path.read_text():
+        if supervisor.poll() is not None or time.monotonic() > deadline:
+            supervisor.kill()
+            pytest.fail(log_path.read_text())
+        time.sleep(0.005)
+    _stopped_cleanly(supervisor, log_path)
+
+
+class _FakeChild:
+    def __init__(self, pid: int) -> None:
+        self.pid = pid
+        self.signals: list[int] = []
+
+    def send_signal(self, signum: int) -> None:
+        self.signals.append(signum)
+
+    def wait(self) -> int:
+        return 0
+
+
+@pytest.mark.parametrize("started_as", ["fork", "new_process"])
+def test_a_stop_signal_while_the_supervisor_starts_its_workers_reaches_every_one(
+    monkeypatch: pytest.MonkeyPatch, started_as: str
+) -> None:
+    """The supervisor's handler is in place before it starts its first worker; while it
+    forks, the stop signals are also blocked (a forked worker inherits the mask, and
+    unblocks it once its own worker's handler is in place). A SIGTERM that arrives while
+    the first worker starts reaches every worker once they are all started. The starts are
+    faked: the signal is sent to this process from inside the first one."""
+    from workflows.management.commands import runworker
+    from workflows.worker import WorkerOptions
+
+    received: list[int] = []
+    signal.signal(signal.SIGTERM, lambda signum, _frame: received.append(signum))
+    made: list[_FakeChild] = []
+    masks: list[set[int]] = []
+
+    def start(n: int) -> list[_FakeChild]:
+        if not made:
+            os.kill(os.getpid(), signal.SIGTERM)  # handled at once unless blocked
+            masks.append(set(signal.pthread_sigmask(signal.SIG_BLOCK, [])))
+        started = [_FakeChild(len(made) + i + 1) for i in range(n)]
+        made.extend(started)
+        return started
+
+    monkeypatch.setattr(runworker.Command, "_fork_workers", lambda self, o, w: start(2))
+    monkeypatch.setattr(runworker.Command, "_spawn_worker", lambda self, o, w: start(1)[0])
+    monkeypatch.setattr(threading, "active_count", lambda: 1 if started_as == "fork" else 2)
+    runworker.Command()._supervise({"processes": 2}, WorkerOptions(worker_id="w"))
+    assert received == [], "the signal reached the handler in place before the supervisor's"
+    assert [c.signals for c in made] == [[signal.SIGTERM], [signal.SIGTERM]]
+    blocked = {signal.SIGTERM, signal.SIGINT} <= masks[0]
+    assert blocked == (started_as == "fork"), masks
+    assert signal.SIGTERM not in signal.pthread_sigmask(signal.SIG_BLOCK, []), "left blocked"
 
 
 def test_create_tenant_and_work_in_it(tenant: Tenant, files: dict[str, Path]) -> None:

@@ -186,6 +186,9 @@ class Command(BaseCommand):
             start_http_server(options["metrics_port"])
         worker = Worker(worker_options)
         worker.install_signal_handlers()
+        # A forked worker starts with the stop signals blocked (_supervise): one that came
+        # meanwhile is handled now, by this worker's handler.
+        _unblock_stop_signals()
         try:
             processed = worker.run()
         finally:
@@ -203,13 +206,27 @@ class Command(BaseCommand):
         the database and the settings again. Elsewhere each is a new ``runworker
         --processes 1`` process."""
         base_id = worker_options.worker_id
+        # The handler is in place before the first worker starts: a stop signal that came
+        # between a start and the handler (a forked worker starts in milliseconds) killed
+        # this process and left its workers running without it.
+        forward = _StopForwarder()
+        for signum in STOP_SIGNALS:
+            signal.signal(signum, forward)
         forked = hasattr(os, "fork") and threading.active_count() == 1
         if forked:
-            children: list[_Child] = self._fork_workers(options, worker_options)
+            # Blocked while it forks: a forked child inherits the mask and this handler, and
+            # must not act on a stop signal (die of it, or forward it) before its worker's
+            # handler is in place (_run_worker unblocks them then).
+            blocked = signal.pthread_sigmask(signal.SIG_BLOCK, STOP_SIGNALS)
+            try:
+                children = self._fork_workers(options, worker_options)
+            finally:
+                signal.pthread_sigmask(signal.SIG_SETMASK, blocked)
         else:
             children = [
                 self._spawn_worker(options, f"{base_id}-{i}") for i in range(options["processes"])
             ]
+        forward.started(children)
 
         log.info(
             "event=workers_started processes=%d started_as=%s pids=%s",
@@ -217,13 +234,6 @@ class Command(BaseCommand):
             "fork" if forked else "new_process",
             ",".join(str(child.pid) for child in children),
         )
-
-        def forward(signum: int, _frame: Any) -> None:
-            for child in children:
-                child.send_signal(signum)
-
-        signal.signal(signal.SIGTERM, forward)
-        signal.signal(signal.SIGINT, forward)
         codes = [child.wait() for child in children]
         if any(codes):
             raise CommandError(f"worker processes exited with {codes}")
@@ -284,6 +294,40 @@ class Command(BaseCommand):
         if options["burst"]:
             argv.append("--burst")
         return subprocess.Popen(argv, env=os.environ.copy())
+
+
+STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT)
+
+
+class _StopForwarder:
+    """The supervisor's SIGTERM/SIGINT handler: each one is forwarded to every worker. One
+    that comes while the workers are being started is kept, and forwarded once they all are
+    (:meth:`started`)."""
+
+    def __init__(self) -> None:
+        self.children: list[_Child] = []
+        self.told: int | None = None
+        self.ready = False
+
+    def __call__(self, signum: int, _frame: Any) -> None:
+        self.told = signum
+        if self.ready:
+            self._forward(signum)
+
+    def started(self, children: list[_Child]) -> None:
+        self.children = list(children)
+        self.ready = True
+        if self.told is not None:
+            self._forward(self.told)
+
+    def _forward(self, signum: int) -> None:
+        for child in self.children:
+            child.send_signal(signum)
+
+
+def _unblock_stop_signals() -> None:
+    if hasattr(signal, "pthread_sigmask"):
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, STOP_SIGNALS)
 
 
 class _Child(Protocol):
