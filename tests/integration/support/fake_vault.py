@@ -78,7 +78,12 @@ def fake_vault(token: str = "s.test-token") -> Iterator[FakeVault]:
         def log_message(self, format: str, *args: Any) -> None:
             pass
 
-    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    class Server(ThreadingHTTPServer):
+        # A worker's threads may each ask at once as they connect (16 by default on two
+        # CPUs): socketserver's listen backlog of 5 would reset some (support.ledger).
+        request_queue_size = 1024
+
+    server = Server(("127.0.0.1", 0), Handler)
     thread = threading.Thread(target=server.serve_forever, daemon=True)
     thread.start()
     vault.url = f"http://127.0.0.1:{server.server_address[1]}"
