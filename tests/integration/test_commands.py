@@ -359,6 +359,46 @@ def test_runworker_forwards_sigterm_to_its_forked_workers(tmp_path: Path) -> Non
     _stopped_cleanly(supervisor, log_path)
 
 
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="PR_SET_PDEATHSIG is Linux's")
+def test_forked_workers_stop_cleanly_when_their_supervisor_is_killed(tmp_path: Path) -> None:
+    """SIGKILL to the supervisor (nothing forwarded): each forked worker is sent SIGTERM by
+    the kernel (``PR_SET_PDEATHSIG``), stops cleanly and exits, instead of running on."""
+    log_path = tmp_path / "supervisor.log"
+    supervisor = _supervisor(log_path)
+    forked: list[int] = []
+    try:
+        deadline = time.monotonic() + 60
+        while log_path.read_text().count("event=worker_started") < 2:
+            if supervisor.poll() is not None or time.monotonic() > deadline:
+                pytest.fail(log_path.read_text())
+            time.sleep(0.05)
+        forked = _children(supervisor.pid)
+        assert len(forked) == 2, forked
+        supervisor.kill()
+        supervisor.wait(timeout=30)
+        deadline = time.monotonic() + 30
+        while [pid for pid in forked if _alive(pid)] and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert not [pid for pid in forked if _alive(pid)], log_path.read_text()
+    finally:
+        if supervisor.poll() is None:
+            supervisor.kill()
+        for pid in forked:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+    text = log_path.read_text()
+    assert text.count("event=worker_stopped") == 2, text
+    assert "Traceback" not in text
+
+
+def _alive(pid: int) -> bool:
+    """A process not exited (a zombie its new parent has not reaped yet counts as exited)."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
+
+
 class _FakeChild:
     def __init__(self, pid: int) -> None:
         self.pid = pid

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import logging
 import os
 import signal
@@ -245,9 +246,11 @@ class Command(BaseCommand):
         sys.stdout.flush()
         sys.stderr.flush()
         children: list[_Child] = []
+        supervisor = os.getpid()
         for i in range(options["processes"]):
             pid = os.fork()
             if pid == 0:  # the child: one worker, then out without running the parent's code
+                _stop_with_supervisor(supervisor)
                 child = replace(worker_options, worker_id=f"{worker_options.worker_id}-{i}")
                 os._exit(self._forked_worker({**options, "metrics_port": None}, child))
             children.append(_Forked(pid))
@@ -323,6 +326,26 @@ class _StopForwarder:
     def _forward(self, signum: int) -> None:
         for child in self.children:
             child.send_signal(signum)
+
+
+PR_SET_PDEATHSIG = 1  # linux/prctl.h
+
+
+def _stop_with_supervisor(supervisor: int) -> None:
+    """Linux: this forked worker is sent SIGTERM when its supervisor dies without forwarding
+    one (killed with SIGKILL, by the OOM killer), so it stops cleanly, giving its queued runs
+    back, instead of running on unsupervised. Elsewhere nothing (a supervisor's death leaves
+    its workers running, as it does a spawned worker's)."""
+    if not sys.platform.startswith("linux"):
+        return
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        if libc.prctl(PR_SET_PDEATHSIG, signal.SIGTERM, 0, 0, 0) != 0:
+            return
+    except (OSError, AttributeError):
+        return
+    if os.getppid() != supervisor:  # it died before the request: stop now
+        os.kill(os.getpid(), signal.SIGTERM)  # blocked until the worker's handler is in place
 
 
 def _unblock_stop_signals() -> None:
