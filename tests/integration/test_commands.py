@@ -16,7 +16,6 @@ import signal
 import subprocess
 import sys
 import threading
-import time
 import uuid
 from collections.abc import Iterator
 from io import StringIO
@@ -31,6 +30,7 @@ from django.db import connection
 from django.test import override_settings
 
 from tests.fixtures.wat import Wat
+from tests.integration.support.processes import WorkerProcess, wait_until
 from workflows.models import RunStatus, Signal, Tenant, WorkflowDefinition, WorkflowInstance
 from workflows.tenancy import tenant_context
 from workflows.testing import DatabaseWorkflowEnvironment
@@ -292,29 +292,25 @@ def test_runworker_processes_are_forked_and_share_the_work(tenant: Tenant) -> No
     assert statuses == {RunStatus.DONE}
 
 
-def _supervisor(log_path: Path) -> subprocess.Popen[bytes]:
+def _supervisor(log_path: Path) -> WorkerProcess:
     """``runworker --processes 2`` (forked workers of one thread each), its output in
     ``log_path``."""
     env = {k: v for k, v in os.environ.items() if k != "DJANGO_SETTINGS_MODULE"}
     env.update(DEBUG="1", DATABASE_URL=database_url(), PYTHONUNBUFFERED="1")
-    with open(log_path, "w") as log:
-        return subprocess.Popen(
-            [
-                sys.executable,
-                str(ROOT / "manage.py"),
-                "runworker",
-                "--processes",
-                "2",
-                "--concurrency",
-                "1",
-                "--poll-interval",
-                "0.2",
-            ],
-            cwd=ROOT,
-            env=env,
-            stdout=log,
-            stderr=subprocess.STDOUT,
-        )
+    return WorkerProcess(
+        log_path, ["--processes", "2", "--concurrency", "1", "--poll-interval", "0.2"], env
+    )
+
+
+def _wait_for_starts(supervisor: WorkerProcess, count: int, interval: float) -> None:
+    """Until ``count`` forked workers logged their start (fails at once if the supervisor
+    exits first)."""
+
+    def started() -> bool:
+        assert supervisor.proc.poll() is None, supervisor.log()
+        return supervisor.log().count("event=worker_started") >= count
+
+    wait_until(started, 60, f"{count} worker(s) started", interval)
 
 
 def _children(pid: int) -> list[int]:
@@ -324,23 +320,35 @@ def _children(pid: int) -> list[int]:
         return []
 
 
-def _stopped_cleanly(supervisor: subprocess.Popen[bytes], log_path: Path) -> None:
-    """SIGTERM to the supervisor: it exits 0 once both workers stopped cleanly."""
-    forked: list[int] = []
+def _alive(pid: int) -> bool:
+    """A process not exited (a zombie its new parent has not reaped yet counts as exited)."""
     try:
-        supervisor.send_signal(signal.SIGTERM)
-        forked = _children(supervisor.pid)
-        assert supervisor.wait(timeout=60) == 0, log_path.read_text()
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
+
+
+def _kill_all(pids: list[int]) -> None:
+    """Whatever failed, no worker is left behind to work on the test database."""
+    for pid in pids:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
+
+
+def _stopped_cleanly(supervisor: WorkerProcess) -> None:
+    """SIGTERM to the supervisor: it exits 0 once both workers stopped cleanly."""
+    forked = _children(supervisor.pid)
+    try:
+        supervisor.terminate()
+        forked += _children(supervisor.pid)
+        assert supervisor.wait(timeout=60) == 0, supervisor.log()
     finally:
-        if supervisor.poll() is None:
-            supervisor.kill()
-        for pid in forked + _children(supervisor.pid):  # none left behind, whatever failed
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(pid, signal.SIGKILL)
-    text = log_path.read_text()
+        supervisor.close()
+        _kill_all(forked)
+    text = supervisor.log()
     assert text.count("event=worker_stopped") == 2, text
     assert "started_as=fork" in text and "Traceback" not in text
-    assert not [pid for pid in forked if Path(f"/proc/{pid}").exists()], "a worker outlived it"
+    assert not [pid for pid in forked if _alive(pid)], "a worker outlived it"
 
 
 def test_runworker_forwards_sigterm_to_its_forked_workers(tmp_path: Path) -> None:
@@ -348,55 +356,30 @@ def test_runworker_forwards_sigterm_to_its_forked_workers(tmp_path: Path) -> Non
     that once came before the supervisor's handler: it died of the signal and left both
     workers running on the test database): both stop cleanly, the supervisor exits 0 and
     no worker outlives it."""
-    log_path = tmp_path / "supervisor.log"
-    supervisor = _supervisor(log_path)
-    deadline = time.monotonic() + 60
-    while "event=worker_started" not in log_path.read_text():
-        if supervisor.poll() is not None or time.monotonic() > deadline:
-            supervisor.kill()
-            pytest.fail(log_path.read_text())
-        time.sleep(0.005)
-    _stopped_cleanly(supervisor, log_path)
+    with _supervisor(tmp_path / "supervisor.log") as supervisor:
+        _wait_for_starts(supervisor, 1, 0.005)
+        _stopped_cleanly(supervisor)
 
 
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="PR_SET_PDEATHSIG is Linux's")
 def test_forked_workers_stop_cleanly_when_their_supervisor_is_killed(tmp_path: Path) -> None:
     """SIGKILL to the supervisor (nothing forwarded): each forked worker is sent SIGTERM by
     the kernel (``PR_SET_PDEATHSIG``), stops cleanly and exits, instead of running on."""
-    log_path = tmp_path / "supervisor.log"
-    supervisor = _supervisor(log_path)
     forked: list[int] = []
-    try:
-        deadline = time.monotonic() + 60
-        while log_path.read_text().count("event=worker_started") < 2:
-            if supervisor.poll() is not None or time.monotonic() > deadline:
-                pytest.fail(log_path.read_text())
-            time.sleep(0.05)
-        forked = _children(supervisor.pid)
-        assert len(forked) == 2, forked
-        supervisor.kill()
-        supervisor.wait(timeout=30)
-        deadline = time.monotonic() + 30
-        while [pid for pid in forked if _alive(pid)] and time.monotonic() < deadline:
-            time.sleep(0.05)
-        assert not [pid for pid in forked if _alive(pid)], log_path.read_text()
-    finally:
-        if supervisor.poll() is None:
+    with _supervisor(tmp_path / "supervisor.log") as supervisor:
+        try:
+            _wait_for_starts(supervisor, 2, 0.05)
+            forked = _children(supervisor.pid)
+            assert len(forked) == 2, forked
             supervisor.kill()
-        for pid in forked:
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(pid, signal.SIGKILL)
-    text = log_path.read_text()
+            wait_until(
+                lambda: not [pid for pid in forked if _alive(pid)], 30, "both workers exited"
+            )
+        finally:
+            _kill_all(forked)
+    text = supervisor.log()
     assert text.count("event=worker_stopped") == 2, text
     assert "Traceback" not in text
-
-
-def _alive(pid: int) -> bool:
-    """A process not exited (a zombie its new parent has not reaped yet counts as exited)."""
-    try:
-        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
-    except OSError:
-        return False
 
 
 class _FakeChild:
