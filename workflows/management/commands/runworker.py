@@ -308,23 +308,22 @@ class _StopForwarder:
     (:meth:`started`)."""
 
     def __init__(self) -> None:
-        self.children: list[_Child] = []
+        self.children: list[_Child] | None = None  # None: still being started
         self.told: int | None = None
-        self.ready = False
 
     def __call__(self, signum: int, _frame: Any) -> None:
         self.told = signum
-        if self.ready:
-            self._forward(signum)
+        if self.children is not None:
+            self._forward(self.children, signum)
 
     def started(self, children: list[_Child]) -> None:
         self.children = list(children)
-        self.ready = True
         if self.told is not None:
-            self._forward(self.told)
+            self._forward(self.children, self.told)
 
-    def _forward(self, signum: int) -> None:
-        for child in self.children:
+    @staticmethod
+    def _forward(children: list[_Child], signum: int) -> None:
+        for child in children:
             child.send_signal(signum)
 
 
