@@ -552,8 +552,17 @@ class WorkflowEvent(SealedModel, TenantScoped):
     # Neither foreign key has an index of its own: every read of events names the run, and
     # event_unique_step (instance, step) serves it; two indexes fewer to write at every step.
     # A tenant's events are read only by rare operator commands (rotate_keys, a tenant's
-    # deletion), which scan. (MariaDB keeps the indexes InnoDB's foreign keys need.)
-    tenant = models.ForeignKey(Tenant, on_delete=models.CASCADE, db_index=False)
+    # deletion), which scan. (MariaDB keeps the index InnoDB's foreign key to the run needs.)
+    #
+    # The tenant is not a constraint in the database (migration 0034): a constraint's check
+    # locked the tenant's one row (FOR KEY SHARE) in every transaction that wrote an event,
+    # so the transactions of every worker process wrote that row's lock, and two at once made
+    # a MultiXact of it. An event's tenant is its run's: the statements that write events
+    # take it from the run's row, and the run's own foreign keys (to its tenant, and the
+    # event's to its run) stay. A tenant's deletion still takes its events (the ORM cascades).
+    tenant = models.ForeignKey(
+        Tenant, on_delete=models.CASCADE, db_index=False, db_constraint=False
+    )
     instance = models.ForeignKey(
         WorkflowInstance, on_delete=models.CASCADE, related_name="events", db_index=False
     )
