@@ -305,6 +305,10 @@ class Throughput:
     # server (NaN when it is not local)
     worker_cpu_s: float = float("nan")
     database_cpu_s: float = float("nan")
+    # What the server wrote meanwhile (the whole cluster's, as pg_stat_wal counts it): WAL
+    # records and bytes, and MultiXacts made. Counts, unlike the CPU seconds, compare across
+    # runs on a machine whose speed varies from one minute to the next.
+    wal: ServerCounters | None = None
 
     @property
     def steps_per_s(self) -> float:
@@ -356,6 +360,29 @@ def database_cpu_seconds() -> float:
     return total / _CLOCK_TICKS if seen else float("nan")
 
 
+@dataclass(frozen=True)
+class ServerCounters:
+    wal_records: int
+    wal_bytes: int
+    multixacts: int
+
+    @classmethod
+    def read(cls, server: Server) -> ServerCounters:
+        # mxid_age of MultiXact 1 is the cluster's next MultiXact id less one: a counter
+        records, size, multixacts = server.psql(
+            "postgres",
+            "SELECT wal_records, wal_bytes::bigint, mxid_age('1'::xid) FROM pg_stat_wal",
+        ).split("|")
+        return cls(int(records), int(size), int(multixacts))
+
+    def __sub__(self, other: ServerCounters) -> ServerCounters:
+        return ServerCounters(
+            self.wal_records - other.wal_records,
+            self.wal_bytes - other.wal_bytes,
+            self.multixacts - other.multixacts,
+        )
+
+
 def children_cpu_seconds() -> float:
     """CPU seconds of this process's waited-for children (and theirs)."""
     import resource
@@ -380,6 +407,7 @@ def cleat_throughput(
     connections.close_all()
     cleat.analyze()
     database_cpu, worker_cpu = database_cpu_seconds(), children_cpu_seconds()
+    wal = ServerCounters.read(cleat.server)
     spawn = timezone.now()
     proc = cleat.runworker(
         "--processes",
@@ -394,6 +422,7 @@ def cleat_throughput(
     code = proc.wait(timeout=1800)
     database_cpu = database_cpu_seconds() - database_cpu
     worker_cpu = children_cpu_seconds() - worker_cpu
+    wal = ServerCounters.read(cleat.server) - wal
     info = cleat.summary()
     ok = (
         code == 0
@@ -414,6 +443,7 @@ def cleat_throughput(
         "" if ok else f"exit {code}, {info}",
         worker_cpu,
         database_cpu,
+        wal,
     )
 
 
@@ -1002,7 +1032,14 @@ def print_throughput(label: str, t: Throughput) -> None:
         f"(from first claim: {t.busy_steps_per_s:.0f} steps/s) "
         f"{'ok' if t.ok else 'FAILED ' + t.note} [load {_load()}]\n"
         f"       CPU per step: worker {t.worker_cpu_s / t.total_steps * 1e3:.3f} ms, "
-        f"database {t.database_cpu_s / t.total_steps * 1e3:.3f} ms",
+        f"database {t.database_cpu_s / t.total_steps * 1e3:.3f} ms"
+        + (
+            f"; WAL per step: {t.wal.wal_records / t.total_steps:.2f} records, "
+            f"{t.wal.wal_bytes / t.total_steps:.0f} bytes; MultiXacts "
+            f"{t.wal.multixacts}"
+            if t.wal is not None
+            else ""
+        ),
         flush=True,
     )
 
