@@ -17,26 +17,33 @@ dropped; it is dropped too (Django makes no index of its own for this field, ``d
 is off), as migration 0026 dropped the other databases' one. Undone, the constraint comes
 back (re-adding it checks every event), with InnoDB's index."""
 
-from importlib import import_module
-
 import django.db.models.deletion
 from django.db import migrations, models
 
 TABLE = "workflows_workflowevent"
 COLUMN = "tenant_id"
-# The plain one-column indexes on a table's column (not a key's, unique or primary).
-_own_indexes = import_module("workflows.migrations.0026_fewer_indexes_to_write")._own_indexes
 
 
 def drop_innodb_index(apps, schema_editor):
     """MariaDB: the plain one-column index on the events' tenant that the dropped constraint
-    leaves behind."""
-    if schema_editor.connection.vendor != "mysql":
+    leaves behind (the filter is migration 0026's ``_own_indexes``, frozen here: a migration
+    imports no other module of the project)."""
+    connection = schema_editor.connection
+    if connection.vendor != "mysql":
         return
-    for name in _own_indexes(schema_editor, TABLE, COLUMN):
-        schema_editor.execute(
-            f"DROP INDEX {schema_editor.quote_name(name)} ON {schema_editor.quote_name(TABLE)}"
-        )
+    with connection.cursor() as cursor:
+        constraints = connection.introspection.get_constraints(cursor, TABLE)
+    for name, info in constraints.items():
+        if (
+            info["index"]
+            and not info["unique"]
+            and not info["primary_key"]
+            and not info["foreign_key"]
+            and info["columns"] == [COLUMN]
+        ):
+            schema_editor.execute(
+                f"DROP INDEX {schema_editor.quote_name(name)} ON {schema_editor.quote_name(TABLE)}"
+            )
 
 
 class Migration(migrations.Migration):
