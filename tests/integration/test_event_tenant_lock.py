@@ -12,25 +12,28 @@ import threading
 from typing import Any
 
 import pytest
-import wasmtime
 from django.db import DatabaseError, connection, connections, transaction
 
-from bench.engine_bench import STEPS_WAT
 from engine.events import DurableLogEvent
-from engine.storage import RunRef
+from tests.integration.test_group_commit import _claimed_runs
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
 EVENTS = "workflows_workflowevent"
 
 
+def _constraints(table: str) -> dict[str, Any]:
+    """The table's constraints and indexes in the database, as Django's introspection reads
+    them."""
+    with connection.cursor() as cursor:
+        return connection.introspection.get_constraints(cursor, table)
+
+
 def _foreign_keys(table: str) -> dict[str, tuple[str, str]]:
     """The table's foreign key constraints in the database: column -> (table, column)."""
-    with connection.cursor() as cursor:
-        constraints = connection.introspection.get_constraints(cursor, table)
     return {
         info["columns"][0]: info["foreign_key"]
-        for info in constraints.values()
+        for info in _constraints(table).values()
         if info["foreign_key"]
     }
 
@@ -49,32 +52,11 @@ def test_an_event_refers_to_its_run_in_the_database_and_not_to_its_tenant() -> N
 def test_no_index_is_left_on_the_events_tenant() -> None:
     """MariaDB's InnoDB made one for the constraint; the migration drops it with the
     constraint (no read of events goes by tenant alone)."""
-    with connection.cursor() as cursor:
-        constraints = connection.introspection.get_constraints(cursor, EVENTS)
     assert [
         name
-        for name, info in constraints.items()
+        for name, info in _constraints(EVENTS).items()
         if info["index"] and info["columns"] == ["tenant_id"]
     ] == []
-
-
-def _claimed_run(tenant: Any) -> RunRef:
-    from workflows.definitions import deploy_definition
-    from workflows.services import start_workflow
-    from workflows.store.lifecycle import claim_ready_instances, load_run
-
-    deploy_definition(tenant, "steps", wasmtime.wat2wasm(STEPS_WAT))
-    start_workflow(tenant, "steps", 3)
-    [claim] = claim_ready_instances("lock-test", ["default"], 1, _now())
-    loaded = load_run(claim, "lock-test")
-    assert loaded is not None
-    return loaded.ref
-
-
-def _now() -> Any:
-    from django.utils import timezone
-
-    return timezone.now()
 
 
 def _lock_tenant_elsewhere(tenant_id: Any) -> str:
@@ -115,7 +97,7 @@ def _lock_tenant_elsewhere(tenant_id: Any) -> str:
 def test_appending_a_runs_events_leaves_its_tenants_row_unlocked(tenant: Any) -> None:
     from workflows.store.storage import DjangoStorage
 
-    ref = _claimed_run(tenant)
+    [ref] = _claimed_runs(tenant, 1, "lock-test")
     event = DurableLogEvent(step=0, ts=1, message="one")
     with transaction.atomic():
         if connection.vendor == "postgresql":
