@@ -417,7 +417,9 @@ class WorkflowInstance(SealedModel, TenantScoped):
         constraints = [
             # NULLs are distinct in a unique index on every backend we test, so runs started
             # without a key never collide; a plain constraint also works on MariaDB, which
-            # has no partial indexes.
+            # has no partial indexes. On PostgreSQL it is a unique index of the runs that
+            # have a key (migration 0035; continued_from's too): a later migration that
+            # drops it there drops an index.
             models.UniqueConstraint(
                 fields=["tenant", "start_idempotency_key"], name="instance_start_idempotency_key"
             )

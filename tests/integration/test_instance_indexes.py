@@ -22,15 +22,21 @@ from typing import Any
 
 import psycopg
 import pytest
-from django.db import connection
+from django.db import IntegrityError, connection, transaction
 from django.db.models import QuerySet
 from django.utils import timezone
 
 from tests.integration.test_rls import connect_as, table_owner
-from workflows.models import TERMINAL_STATUSES, RunStatus, Tenant, WorkflowInstance
+from workflows.models import (
+    TERMINAL_STATUSES,
+    RunStatus,
+    Tenant,
+    WorkflowDefinition,
+    WorkflowInstance,
+)
 from workflows.retention import BATCH, FINISHED_STATUSES, PurgeReport, _Purge
 from workflows.store.sql import postgresql as workflows_sql
-from workflows.tenancy import of_tenant
+from workflows.tenancy import of_tenant, tenant_context
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.postgres_only]
 
@@ -104,6 +110,92 @@ def test_the_conditions_are_in_the_database() -> None:
     assert on_workflow_id == ["instance_workflow_id"], on_workflow_id
     on_parent = sorted(n for n, d in defined.items() if "(parent_id)" in d)
     assert on_parent == ["instance_parent"], on_parent
+
+
+def _unique_keys() -> dict[str, str]:
+    """The definitions of the run table's unique indexes on a key most runs leave empty
+    (migration 0035), by the column they end with."""
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "SELECT indexdef FROM pg_indexes WHERE tablename = %s AND indexdef LIKE %s",
+            [WorkflowInstance._meta.db_table, "CREATE UNIQUE INDEX %"],
+        )
+        found = [row[0] for row in cursor.fetchall()]
+    return {
+        column: next(d for d in found if re.search(rf"\b{column}\)", d))
+        for column in ("start_idempotency_key", "continued_from_id")
+    }
+
+
+def test_the_unique_keys_hold_only_the_runs_that_have_one() -> None:
+    # A run started without an idempotency key, or not continued from another, is written to
+    # neither index (migration 0035): each is unique where its key is set.
+    keys = _unique_keys()
+    assert keys["start_idempotency_key"].startswith(
+        "CREATE UNIQUE INDEX instance_start_idempotency_key "
+    ), keys
+    assert keys["start_idempotency_key"].endswith(
+        "(tenant_id, start_idempotency_key) WHERE (start_idempotency_key IS NOT NULL)"
+    ), keys
+    assert keys["continued_from_id"].endswith(
+        "(continued_from_id) WHERE (continued_from_id IS NOT NULL)"
+    ), keys
+
+
+def _unique_index(column: str) -> str:
+    name = re.search(r"CREATE UNIQUE INDEX (\S+) ", _unique_keys()[column])
+    assert name is not None
+    return name.group(1)
+
+
+def test_a_key_is_looked_up_by_its_unique_index(
+    planner: psycopg.Connection[Any], tenant: Tenant
+) -> None:
+    # The start's idempotency (workflows/services.py), the continue-as-new chain
+    # (continue_chain in workflows/models.py) and the retention purge's links, then the
+    # foreign key's own check when a run that another continued from is deleted (a
+    # parameter, as PostgreSQL plans it).
+    started = of_tenant(WorkflowInstance, tenant.id).filter(start_idempotency_key="order-7")
+    assert queryset_reads(planner, "instance_start_idempotency_key", started)
+    index = _unique_index("continued_from_id")
+    run_id = uuid.uuid4()
+    assert queryset_reads(planner, index, WorkflowInstance.objects.filter(continued_from_id=run_id))
+    marked = WorkflowInstance.objects.filter(continued_from_id__in=[run_id, uuid.uuid4()])
+    assert queryset_reads(planner, index, marked)
+    planner.execute("SET plan_cache_mode = force_generic_plan")
+    planner.execute(
+        "PREPARE link(uuid) AS SELECT 1 FROM workflows_workflowinstance "
+        "WHERE continued_from_id = $1 FOR KEY SHARE"
+    )
+    assert reads(planner, index, "EXECUTE link(%s)", (run_id,))
+
+
+def test_the_unique_keys_still_refuse_a_duplicate(tenant: Tenant) -> None:
+    with tenant_context(tenant.id):
+        definition = WorkflowDefinition.objects.create(
+            tenant=tenant, name="keys", version=1, wasm=b"\0asm", sha256="0" * 64
+        )
+
+        def run(**fields: Any) -> WorkflowInstance:
+            return WorkflowInstance.objects.create(
+                tenant=tenant,
+                workflow_id=f"keys-{uuid.uuid4()}",
+                definition=definition,
+                definition_name="keys",
+                definition_version=1,
+                **fields,
+            )
+
+        first = run(start_idempotency_key="order-7")
+        # Runs without either key never collide.
+        plain = [run(), run()]
+        run(continued_from=first)
+        with pytest.raises(IntegrityError), transaction.atomic():
+            run(start_idempotency_key="order-7")
+        with pytest.raises(IntegrityError), transaction.atomic():
+            run(continued_from=first)
+        assert WorkflowInstance.objects.filter(id__in=[r.id for r in plain]).count() == 2
+        assert WorkflowInstance.objects.filter(definition=definition).count() == 4
 
 
 def test_a_runs_open_children_are_read_by_instance_parent(
