@@ -16,6 +16,7 @@ import signal
 import subprocess
 import sys
 import threading
+import time
 import uuid
 from collections.abc import Iterator
 from io import StringIO
@@ -383,15 +384,20 @@ def test_forked_workers_stop_cleanly_when_their_supervisor_is_killed(tmp_path: P
 
 
 class _FakeChild:
+    """A worker that ends once it is told to stop (or, never told, after ``GIVE_UP_S``)."""
+
+    GIVE_UP_S = 5.0
+
     def __init__(self, pid: int) -> None:
         self.pid = pid
         self.signals: list[int] = []
+        self.give_up_at = time.monotonic() + self.GIVE_UP_S
 
     def send_signal(self, signum: int) -> None:
         self.signals.append(signum)
 
-    def wait(self) -> int:
-        return 0
+    def poll(self) -> int | None:
+        return 0 if self.signals or time.monotonic() > self.give_up_at else None
 
 
 @pytest.mark.parametrize("started_as", ["fork", "new_process"])
@@ -428,6 +434,41 @@ def test_a_stop_signal_while_the_supervisor_starts_its_workers_reaches_every_one
     blocked = {signal.SIGTERM, signal.SIGINT} <= masks[0]
     assert blocked == (started_as == "fork"), masks
     assert signal.SIGTERM not in signal.pthread_sigmask(signal.SIG_BLOCK, []), "left blocked"
+
+
+def test_a_stop_signal_another_thread_took_is_forwarded_while_the_supervisor_waits() -> None:
+    """The kernel may hand a process's stop signal to any of its threads that does not
+    block it (a supervisor with tracing on has an exporter's thread), and CPython runs the
+    handler on the main thread only once that thread runs Python again. A supervisor
+    blocked in ``waitpid`` until a worker ended never forwarded it: here the signal goes to
+    another thread on purpose, and the worker (a real process that runs until it is told to
+    stop) must be told within a few of the supervisor's looks at it."""
+    from workflows.management.commands import runworker
+
+    child = subprocess.Popen(["sleep", "30"])
+    forward = runworker._StopForwarder()
+    previous = signal.signal(signal.SIGTERM, forward)
+    try:
+        forward.started([child])
+
+        def take_it() -> None:
+            time.sleep(0.3)  # the supervisor waits by then
+            signal.pthread_kill(threading.get_ident(), signal.SIGTERM)
+
+        other = threading.Thread(target=take_it)
+        other.start()
+        began = time.monotonic()
+        codes = runworker._wait_for([child])
+        waited = time.monotonic() - began
+        other.join()
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+        if child.poll() is None:
+            child.kill()
+            child.wait()
+    assert forward.told == signal.SIGTERM
+    assert codes == [-signal.SIGTERM], codes
+    assert waited < 0.3 + 10 * runworker.WAIT_POLL_S, f"forwarded after {waited:.1f} s"
 
 
 def test_create_tenant_and_work_in_it(tenant: Tenant, files: dict[str, Path]) -> None:

@@ -10,6 +10,7 @@ import signal
 import subprocess
 import sys
 import threading
+import time
 from dataclasses import replace
 from typing import Any, Protocol
 
@@ -235,7 +236,7 @@ class Command(BaseCommand):
             "fork" if forked else "new_process",
             ",".join(str(child.pid) for child in children),
         )
-        codes = [child.wait() for child in children]
+        codes = _wait_for(children)
         if any(codes):
             raise CommandError(f"worker processes exited with {codes}")
 
@@ -357,7 +358,28 @@ class _Child(Protocol):
 
     def send_signal(self, signum: int) -> None: ...
 
-    def wait(self) -> int: ...
+    def poll(self) -> int | None: ...
+
+
+# How often the supervisor looks at its workers while it waits for them to end. CPython runs
+# a signal's handler on the main thread, once that thread runs Python again: a stop signal
+# the kernel gave to another thread of the supervisor (an exporter's, when tracing is on;
+# the main thread blocks the stop signals while it forks) would wait, behind a main thread
+# blocked until some worker ended, and never be forwarded. Each look runs it.
+WAIT_POLL_S = 0.2
+
+
+def _wait_for(children: list[_Child]) -> list[int]:
+    """Every worker's exit code, once all have ended; handlers of the stop signals run
+    meanwhile (WAIT_POLL_S)."""
+    codes: list[int | None] = [None] * len(children)
+    while True:
+        for i, child in enumerate(children):
+            if codes[i] is None:
+                codes[i] = child.poll()
+        if all(code is not None for code in codes):
+            return [code for code in codes if code is not None]
+        time.sleep(WAIT_POLL_S)
 
 
 class _Forked:
@@ -372,11 +394,10 @@ class _Forked:
             with contextlib.suppress(ProcessLookupError):
                 os.kill(self.pid, signum)
 
-    def wait(self) -> int:
-        while self.code is None:
-            try:
-                _, status = os.waitpid(self.pid, 0)
-            except InterruptedError:  # a signal forwarded meanwhile
-                continue
-            self.code = os.waitstatus_to_exitcode(status)
+    def poll(self) -> int | None:
+        """Its exit code once it has ended, else None (without waiting)."""
+        if self.code is None:
+            pid, status = os.waitpid(self.pid, os.WNOHANG)
+            if pid != 0:
+                self.code = os.waitstatus_to_exitcode(status)
         return self.code
