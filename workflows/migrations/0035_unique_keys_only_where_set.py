@@ -41,31 +41,38 @@ def _constraint_name(schema_editor, columns):
     raise RuntimeError(f"no unique constraint on {TABLE}{columns}")
 
 
-def to_partial(apps, schema_editor):
+def _keys(schema_editor):
+    """Each key as its statements name it: its columns (quoted), the column that may be
+    NULL (quoted) and its name; none off PostgreSQL."""
     if schema_editor.connection.vendor != "postgresql":
         return
     quote = schema_editor.quote_name
     for columns, name in KEYS:
-        name = name or _constraint_name(schema_editor, columns)
-        temporary = f"{name}_partial"[:63]
+        yield (
+            ", ".join(quote(c) for c in columns),
+            quote(columns[-1]),
+            name or _constraint_name(schema_editor, columns),
+        )
+
+
+def to_partial(apps, schema_editor):
+    quote = schema_editor.quote_name
+    for columns, nullable, name in _keys(schema_editor):
+        temporary = quote(f"{name}_partial"[:63])
         schema_editor.execute(
-            f"CREATE UNIQUE INDEX {quote(temporary)} ON {quote(TABLE)} "
-            f"({', '.join(quote(c) for c in columns)}) WHERE {quote(columns[-1])} IS NOT NULL"
+            f"CREATE UNIQUE INDEX {temporary} ON {quote(TABLE)} ({columns}) "
+            f"WHERE {nullable} IS NOT NULL"
         )
         schema_editor.execute(f"ALTER TABLE {quote(TABLE)} DROP CONSTRAINT {quote(name)}")
-        schema_editor.execute(f"ALTER INDEX {quote(temporary)} RENAME TO {quote(name)}")
+        schema_editor.execute(f"ALTER INDEX {temporary} RENAME TO {quote(name)}")
 
 
 def to_constraints(apps, schema_editor):
-    if schema_editor.connection.vendor != "postgresql":
-        return
     quote = schema_editor.quote_name
-    for columns, name in KEYS:
-        name = name or _constraint_name(schema_editor, columns)
+    for columns, _, name in _keys(schema_editor):
         schema_editor.execute(f"DROP INDEX {quote(name)}")
         schema_editor.execute(
-            f"ALTER TABLE {quote(TABLE)} ADD CONSTRAINT {quote(name)} "
-            f"UNIQUE ({', '.join(quote(c) for c in columns)})"
+            f"ALTER TABLE {quote(TABLE)} ADD CONSTRAINT {quote(name)} UNIQUE ({columns})"
         )
 
 
