@@ -264,6 +264,9 @@ def test_runworker_threads_follow_the_usable_cpus(monkeypatch: pytest.MonkeyPatc
     assert worked.returncode == 0, worked.stderr
     expected = runworker.default_concurrency(connection.vendor)
     assert f"concurrency={expected} " in worked.stderr, worked.stderr
+    # The help says the default as it is (it once said 4 per CPU after the default became 8).
+    helped = manage("runworker", "--help")
+    assert "default 8 per CPU, 4 to 32; 1 on SQLite" in " ".join(helped.stdout.split())
 
 
 def test_runworker_processes_are_forked_and_share_the_work(tenant: Tenant) -> None:

@@ -105,7 +105,8 @@ class Command(BaseCommand):
             "--concurrency",
             type=int,
             default=None,
-            help="segments at once (threads; default 4 per CPU, 4 to 32; 1 on SQLite)",
+            help=f"segments at once (threads; default {THREADS_PER_CPU} per CPU, {MIN_THREADS} "
+            f"to {MAX_THREADS}; 1 on SQLite)",
         )
         parser.add_argument("--processes", type=int, default=1, help="worker processes to start")
         parser.add_argument("--worker-id", default=None)
