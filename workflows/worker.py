@@ -204,11 +204,12 @@ class DatabaseClock:
 _gc_frozen = False
 
 
-def _freeze_long_lived_objects() -> None:
+def freeze_long_lived_objects() -> None:
     """Once per process: move everything alive at the worker's start (Django, the project's
     modules, wasmtime's bindings) out of the cyclic collector's reach (``gc.freeze``). A full
     collection walked them all and paused the segment threads for 40-60 ms in the store
-    benchmark; it now walks only what was created since."""
+    benchmark; it now walks only what was created since. ``runworker``'s supervisor calls it
+    before it forks (a forked worker's call is then a no-op)."""
     global _gc_frozen
     if not _gc_frozen:
         _gc_frozen = True
@@ -329,7 +330,7 @@ class Worker:
             opts.tenant or "all",
             opts.burst,
         )
-        _freeze_long_lived_objects()
+        freeze_long_lived_objects()
         listen = queries(connection).get("listen_wake")
         if listen is not None and not opts.burst:
             self._listener = _PgListener(connection.get_connection_params, listen, self._wake.set)

@@ -30,6 +30,7 @@ from workflows.worker import (
     Worker,
     WorkerOptions,
     default_worker_id,
+    freeze_long_lived_objects,
 )
 
 log = logging.getLogger("cleat.worker")
@@ -245,6 +246,11 @@ class Command(BaseCommand):
         # A forked child must not share this process's database connection: closed first,
         # each process opens its own.
         connections.close_all()
+        # What is alive now (Django, the project, the engine) is moved out of the collector's
+        # reach once, here: each child then starts without a full collection of its own, and
+        # the collector never writes to those objects, whose pages stay shared with this
+        # process instead of being copied into each child.
+        freeze_long_lived_objects()
         sys.stdout.flush()
         sys.stderr.flush()
         children: list[_Child] = []
