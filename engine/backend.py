@@ -20,7 +20,7 @@ import wasmtime
 from engine.config import EngineConfig
 from engine.errors import InvalidModule
 from engine.events import EncodedEvent
-from engine.ffi import U64, set_epoch_deadline, store_limiter
+from engine.ffi import U64, Store, set_epoch_deadline, store_limiter
 from engine.outcomes import SegmentResult
 from engine.services import Services
 from engine.session import RunInfo
@@ -99,7 +99,7 @@ def new_store(engine: wasmtime.Engine, config: EngineConfig) -> wasmtime.Store:
     """A store for one segment, of either kind: the configured limits, epoch deadline and
     fuel."""
     cfg = config
-    store = wasmtime.Store(engine)
+    store = Store(engine)
     # Store.set_limits and Store.set_epoch_deadline, through the handle that keeps the GIL
     # (engine.ffi): the limits on memory, table elements, instances, tables and memories.
     store_limiter(
