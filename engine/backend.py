@@ -11,7 +11,7 @@ the module cache hands loading to the same backend. Both make their stores with
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Protocol
 
@@ -53,11 +53,41 @@ class ModuleInfo:
     size: int
 
 
+def has_start_function(wasm: bytes) -> bool:
+    """Whether the core module ``wasm`` (compiled already, so well formed) has a start
+    section: a function its instantiation runs. Read off the section headers; True too when
+    they cannot be read, the answer that costs nothing but speed."""
+    pos = len(CORE_HEADER)
+    try:
+        while pos < len(wasm):
+            section_id = wasm[pos]
+            size, shift = 0, 0
+            while True:  # the section's size: an unsigned LEB128
+                pos += 1
+                size |= (wasm[pos] & 0x7F) << shift
+                shift += 7
+                if not wasm[pos] & 0x80:
+                    break
+            if section_id == START_SECTION:
+                return True
+            pos += 1 + size
+    except IndexError:
+        return True
+    return False
+
+
+START_SECTION = 8
+
+
 @dataclass(frozen=True, slots=True)
 class LoadedModule:
     info: ModuleInfo
     module: wasmtime.Module
     pre: wasmtime.InstancePre
+    # The module has no start function: its instantiation runs no guest code, so it may keep
+    # the GIL (engine.ffi.instantiate). With one it may not: a start function that runs
+    # until its deadline would hold the GIL from the epoch ticker's thread, which ends it.
+    no_start: bool = field(default=False, kw_only=True)
 
 
 class ArtifactCache(Protocol):

@@ -38,7 +38,13 @@ from engine.abi import (
     unpack,
     wasm_param_types,
 )
-from engine.backend import ArtifactCache, LoadedModule, ModuleInfo, new_store
+from engine.backend import (
+    ArtifactCache,
+    LoadedModule,
+    ModuleInfo,
+    has_start_function,
+    new_store,
+)
 from engine.config import EngineConfig
 from engine.errors import (
     ErrorCode,
@@ -64,6 +70,7 @@ from engine.ffi import (
     define_func_unchecked,
     func_call,
     instance_export,
+    instantiate,
     memory_data,
     memory_data_size,
     set_epoch_deadline,
@@ -572,7 +579,7 @@ class CoreBackend:
             pre = self.linker.instantiate_pre(module)
         except wasmtime.WasmtimeError as exc:
             raise InvalidModule(f"cannot link the module: {exc}") from None
-        return LoadedModule(info, module, pre)
+        return LoadedModule(info, module, pre, no_start=not has_start_function(wasm))
 
     # --- running ---
 
@@ -605,7 +612,10 @@ class CoreBackend:
         store = new_store(self.engine, self.config)
         instance: CoreInstance | None = None
         try:
-            raw_instance = module.pre.instantiate(store)
+            if module.no_start:
+                raw_instance = instantiate(module.pre, store)
+            else:
+                raw_instance = module.pre.instantiate(store)
             instance = CoreInstance(
                 store, raw_instance, self.config, started, lambda: session.io_seconds
             )

@@ -17,6 +17,7 @@ from typing import Any
 import wasmtime
 from wasmtime import _ffi as wasmtime_ffi
 from wasmtime._extern import wrap_extern
+from wasmtime._func import enter_wasm
 
 # The hot path of a host call calls libwasmtime through a handle of its own. wasmtime-py's
 # declarations check and convert every argument and wrap every pointer they return, which
@@ -104,6 +105,28 @@ class Store(wasmtime.Store):
     def _delete(self, ptr: Any) -> None:
         _store_delete(ptr)
         self._Store__context = None
+
+
+_instance_pre_instantiate = libwasmtime_held.wasmtime_instance_pre_instantiate
+_instance_pre_instantiate.argtypes = [
+    ctypes.POINTER(wasmtime_ffi.wasmtime_instance_pre_t),
+    CONTEXT_PTR,
+    ctypes.POINTER(wasmtime_ffi.wasmtime_instance_t),
+    ctypes.POINTER(ctypes.POINTER(wasmtime_ffi.wasm_trap_t)),
+]
+_instance_pre_instantiate.restype = ctypes.POINTER(wasmtime_ffi.wasmtime_error_t)
+
+
+def instantiate(pre: wasmtime.InstancePre, store: wasmtime.Store) -> wasmtime.Instance:
+    """``pre.instantiate(store)`` through the handle that keeps the GIL, for a module without
+    a start function (``LoadedModule.no_start``): its instantiation maps and fills memory and
+    tables but runs no guest code. Errors and traps are raised as wasmtime-py raises them."""
+    instance = wasmtime_ffi.wasmtime_instance_t()
+    with enter_wasm(store) as trap:
+        error = _instance_pre_instantiate(pre.ptr(), store._context(), ctypes.byref(instance), trap)
+        if error:
+            raise wasmtime.WasmtimeError._from_ptr(error)
+    return wasmtime.Instance._from_raw(instance)
 
 
 TRAP_PTR = ctypes.POINTER(wasmtime_ffi.wasm_trap_t)
