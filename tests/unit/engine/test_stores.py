@@ -65,12 +65,18 @@ def test_a_segment_store_runs_a_module_with_its_limits(engine: wasmtime.Engine) 
     store.close()
 
 
-def test_a_closed_store_says_so_and_closes_once(
-    engine: wasmtime.Engine, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    deleted: list[Any] = []
+@pytest.fixture
+def deleted(monkeypatch: pytest.MonkeyPatch) -> list[Any]:
+    """The stores deleted through engine.ffi (each one's pointer), while the test runs."""
+    seen: list[Any] = []
     real = ffi._store_delete
-    monkeypatch.setattr(ffi, "_store_delete", lambda ptr: (deleted.append(ptr), real(ptr)))
+    monkeypatch.setattr(ffi, "_store_delete", lambda ptr: (seen.append(ptr), real(ptr)))
+    return seen
+
+
+def test_a_closed_store_says_so_and_closes_once(
+    engine: wasmtime.Engine, deleted: list[Any]
+) -> None:
     store = new_store(engine, EngineConfig())
     store.close()
     store.close()
@@ -82,11 +88,8 @@ def test_a_closed_store_says_so_and_closes_once(
 
 
 def test_a_store_nobody_closed_is_deleted_when_collected(
-    engine: wasmtime.Engine, monkeypatch: pytest.MonkeyPatch
+    engine: wasmtime.Engine, deleted: list[Any]
 ) -> None:
-    deleted: list[Any] = []
-    real = ffi._store_delete
-    monkeypatch.setattr(ffi, "_store_delete", lambda ptr: (deleted.append(ptr), real(ptr)))
     store = new_store(engine, EngineConfig())
     del store
     gc.collect()
