@@ -309,6 +309,9 @@ class Throughput:
     # records and bytes, and MultiXacts made. Counts, unlike the CPU seconds, compare across
     # runs on a machine whose speed varies from one minute to the next.
     wal: ServerCounters | None = None
+    # The worker processes' context switches (voluntary and not): a count too. On a worker
+    # of many threads most are its threads handing the GIL to one another.
+    context_switches: int | None = None
 
     @property
     def steps_per_s(self) -> float:
@@ -391,6 +394,14 @@ def children_cpu_seconds() -> float:
     return usage.ru_utime + usage.ru_stime
 
 
+def children_context_switches() -> int:
+    """Context switches of this process's waited-for children (and theirs)."""
+    import resource
+
+    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return usage.ru_nvcsw + usage.ru_nivcsw
+
+
 def cleat_throughput(
     cleat: Cleat,
     workflows: int,
@@ -407,6 +418,7 @@ def cleat_throughput(
     connections.close_all()
     cleat.analyze()
     database_cpu, worker_cpu = database_cpu_seconds(), children_cpu_seconds()
+    switches = children_context_switches()
     wal = ServerCounters.read(cleat.server)
     spawn = timezone.now()
     proc = cleat.runworker(
@@ -422,6 +434,7 @@ def cleat_throughput(
     code = proc.wait(timeout=1800)
     database_cpu = database_cpu_seconds() - database_cpu
     worker_cpu = children_cpu_seconds() - worker_cpu
+    switches = children_context_switches() - switches
     wal = ServerCounters.read(cleat.server) - wal
     info = cleat.summary()
     ok = (
@@ -444,6 +457,7 @@ def cleat_throughput(
         worker_cpu,
         database_cpu,
         wal,
+        switches,
     )
 
 
@@ -1038,6 +1052,11 @@ def print_throughput(label: str, t: Throughput) -> None:
             f"{t.wal.wal_bytes / t.total_steps:.0f} bytes; MultiXacts "
             f"{t.wal.multixacts}"
             if t.wal is not None
+            else ""
+        )
+        + (
+            f"; worker context switches per step: {t.context_switches / t.total_steps:.2f}"
+            if t.context_switches is not None
             else ""
         ),
         flush=True,
