@@ -294,7 +294,7 @@ class ComponentInstance:
         return Reply(status, message[: limit + 1])
 
     def _call(self, function: str, func: wc.Func, *args: str) -> Reply:
-        value = func(self.store, *args)
+        value = _call_export(function, func, self.store, args)
         func.post_return(self.store)
         return self._reply(function, value)
 
@@ -426,6 +426,112 @@ _byte_vec_delete.restype = None
 _val_new = libwasmtime_held.wasmtime_component_val_new
 _val_new.argtypes = [ctypes.c_void_p]
 _val_new.restype = ctypes.c_void_p
+_val_delete = libwasmtime_held.wasmtime_component_val_delete
+_val_delete.argtypes = [ctypes.c_void_p]
+_val_delete.restype = None
+_vallist_new_uninit = libwasmtime_held.wasmtime_component_vallist_new_uninit
+_vallist_new_uninit.argtypes = [ctypes.c_void_p, ctypes.c_size_t]
+_vallist_new_uninit.restype = None
+_VAL_POINTER = ctypes.POINTER(_VAL)
+# The signature of the exports the host calls (``run`` and ``dispatch``) as ``_wit_type``
+# writes it, checked when a component is loaded (ComponentBackend.describe).
+EXPORT_SIGNATURE = (("string", "string"), "result<string, {status: u8, message: string}>")
+
+
+@dataclass(frozen=True, slots=True)
+class CallError:
+    """The ``err`` of an export's ``result<string, call-error>``."""
+
+    status: int
+    message: str
+
+
+def check_export_signatures(exported: dict[str, Any]) -> None:
+    """``run`` and ``dispatch`` (in a component's exports, as wasmtime-py lists them) must
+    have the world's signature: the host calls them by it (``_call_export``)."""
+    for name in (EXPORT_RUN, EXPORT_DISPATCH):
+        func = exported[name].ty
+        found = (
+            (tuple(_wit_type(t) for _, t in func.params), _wit_type(func.result))
+            if isinstance(func, wc.FuncType)
+            else None
+        )
+        if found != EXPORT_SIGNATURE:
+            raise InvalidModule(
+                f"the component exports {name} with type {found}, but the world "
+                f"{WIT_PACKAGE}/workflow@{WIT_VERSION} declares {EXPORT_SIGNATURE}"
+            )
+
+
+def _call_export(
+    function: str, func: wc.Func, store: wasmtime.Store, args: Sequence[str]
+) -> str | CallError:
+    """``func(store, *args)`` for an export of ``EXPORT_SIGNATURE``: the arguments written
+    and the result read straight from the value slots, each value made and freed through
+    the handle that keeps the GIL. wasmtime-py's generic call asks the function for its type
+    at every call and converts through it: about 25 calls into libwasmtime a segment, each
+    letting the GIL go; here only the call itself does, which runs the guest."""
+    count = len(args)
+    params = (ctypes.c_char * (_SLOT_SIZE * count))()
+    base = ctypes.addressof(params)
+    made = 0
+    try:
+        for index, arg in enumerate(args):
+            encoded = arg.encode("utf-8")
+            slot = base + index * _SLOT_SIZE
+            ctypes.memset(slot, _KIND_STRING, 1)
+            _byte_vec_new(slot + _OF_AT, len(encoded), encoded)
+            made += 1
+        result = (ctypes.c_char * _SLOT_SIZE)()
+        result_at = ctypes.addressof(result)
+
+        def call() -> Any:
+            return _ffi.wasmtime_component_func_call(
+                ctypes.byref(func._func),
+                store._context(),
+                ctypes.cast(base, _VAL_POINTER),
+                count,
+                ctypes.cast(result_at, _VAL_POINTER),
+                1,
+            )
+
+        component_enter.enter_wasm(call)
+        try:
+            return _read_result(function, result_at)
+        finally:
+            _val_delete(result_at)
+    finally:
+        for index in range(made):
+            _val_delete(base + index * _SLOT_SIZE)
+
+
+def _read_result(function: str, at: int) -> str | CallError:
+    """The ``result<string, call-error>`` in the value slot at ``at`` (left for the caller
+    to free)."""
+    kind, ok, inner = _OK_RESULT.unpack(ctypes.string_at(at, _OK_RESULT.size))
+    if kind != _KIND_RESULT or not inner:
+        raise GuestFault(function, "returned a value that is not a result with a payload")
+    if ok:
+        kind, size, data = _SLOT.unpack(ctypes.string_at(inner, _SLOT.size))
+        if kind != _KIND_STRING:
+            raise GuestFault(function, "returned an ok that is not a string")
+        return ctypes.string_at(data, size).decode("utf-8")
+    value = _VAL.from_address(inner)
+    if value.kind != _KIND_RECORD:
+        raise GuestFault(function, "returned an error that is not a call-error")
+    status, message = int(AbiStatus.ERROR), ""
+    record = value.of.record
+    for index in range(record.size):
+        field = record.data[index]
+        name = ctypes.string_at(field.name.data, field.name.size)
+        if name == b"status" and field.val.kind == _KIND_U8:
+            status = int(field.val.of.u8)
+        elif name == b"message" and field.val.kind == _KIND_STRING:
+            text = field.val.of.string
+            message = ctypes.string_at(text.data, text.size).decode("utf-8")
+    return CallError(status, message)
+
+
 # One value slot per thread that builds a reply: ``wasmtime_component_val_new`` moves its
 # contents into the box the result points to (and leaves a bool behind), and the next reply
 # writes it again.
@@ -671,7 +777,7 @@ def _write_bytes(out: Any, data: bytes) -> None:
     """``out`` := ``list<u8>`` holding ``data``."""
     count = len(data)
     values = _ffi.wasmtime_component_vallist_t()
-    _ffi.wasmtime_component_vallist_new_uninit(ctypes.byref(values), count)
+    _vallist_new_uninit(ctypes.byref(values), count)
     if count:
         layout = bytearray(_VAL_SIZE * count)
         layout[_VAL_KIND_AT::_VAL_SIZE] = bytes((_KIND_U8,)) * count
@@ -1006,6 +1112,7 @@ class ComponentBackend:
                 f"the component does not export {', '.join(missing)} of the world "
                 f"{WIT_PACKAGE}/workflow@{WIT_VERSION} (build it with manage.py build_workflow)"
             )
+        check_export_signatures(component.type.exports(self.engine))
         store = self._new_store()
         try:
             instance = self._linker_for(imports).instantiate(store, component)
