@@ -125,11 +125,13 @@ class ModuleBackend(Protocol):
         ...
 
 
-def new_store(engine: wasmtime.Engine, config: EngineConfig) -> wasmtime.Store:
+def new_store(
+    engine: wasmtime.Engine, config: EngineConfig, *, keep_gil_to_delete: bool = True
+) -> wasmtime.Store:
     """A store for one segment, of either kind: the configured limits, epoch deadline and
-    fuel."""
+    fuel (``keep_gil_to_delete``: see engine.ffi.Store)."""
     cfg = config
-    store = Store(engine)
+    store = Store(engine, keep_gil_to_delete=keep_gil_to_delete)
     # Store.set_limits and Store.set_epoch_deadline, through the handle that keeps the GIL
     # (engine.ffi): the limits on memory, table elements, instances, tables and memories.
     store_limiter(

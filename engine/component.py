@@ -987,7 +987,8 @@ class ComponentBackend:
     def _new_store(self, output: GuestOutput | None = None) -> wasmtime.Store:
         """The core module's store (same limits, deadline and fuel), plus WASI output (to the
         session ``output`` is bound to, when the store runs a segment)."""
-        store = new_store(self.engine, self.config)
+        # Its CPython heap takes long to unmap: deleted with the GIL let go.
+        store = new_store(self.engine, self.config, keep_gil_to_delete=False)
         output = output if output is not None else GuestOutput()
         wasi = wasmtime.WasiConfig()
         wasi.stdout_custom = _guest_output("stdout", output)

@@ -95,15 +95,22 @@ _store_delete.restype = None
 class Store(wasmtime.Store):
     """A ``wasmtime.Store`` without host data, made (``wasmtime_store_new``, its context)
     and deleted (``close``, or when collected) through the handle that keeps the GIL. Every
-    other method is wasmtime-py's own; its ``_context`` reads the attribute set here."""
+    other method is wasmtime-py's own; its ``_context`` reads the attribute set here.
 
-    def __init__(self, engine: wasmtime.Engine) -> None:  # wasmtime-py's would let the GIL go
+    ``keep_gil_to_delete=False``: deleted through wasmtime-py's declaration, which lets the
+    GIL go -- for a store whose memory takes long to unmap (a Python workflow's instance:
+    about 170 µs, during which every other thread would wait for the GIL)."""
+
+    def __init__(self, engine: wasmtime.Engine, *, keep_gil_to_delete: bool = True) -> None:
         self._set_ptr(_store_new(engine.ptr(), None, None))
         self._Store__context = _store_context(self.ptr())
         self.engine = engine
+        self._delete_store = (
+            _store_delete if keep_gil_to_delete else wasmtime_ffi.wasmtime_store_delete
+        )
 
     def _delete(self, ptr: Any) -> None:
-        _store_delete(ptr)
+        self._delete_store(ptr)
         self._Store__context = None
 
 

@@ -209,3 +209,20 @@ def test_a_start_function_that_never_returns_stops_at_the_deadline() -> None:
     assert (report["status"], report["error_code"]) == ("ready", "timeout"), report
     assert report["seconds"] < 2 * TIMEOUT_S
     assert report["good"] is True
+
+
+def test_a_store_slow_to_unmap_is_deleted_letting_the_gil_go(
+    engine: wasmtime.Engine, deleted: list[int], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    released: list[int] = []
+    real = wasmtime._ffi.wasmtime_store_delete
+    monkeypatch.setattr(
+        wasmtime._ffi,
+        "wasmtime_store_delete",
+        lambda ptr: (released.append(_address(ptr)), real(ptr)),
+    )
+    store = new_store(engine, EngineConfig(), keep_gil_to_delete=False)
+    address = _address(store.ptr())
+    store.close()
+    assert released == [address]
+    assert address not in deleted
