@@ -451,11 +451,7 @@ def check_export_signatures(exported: dict[str, Any]) -> None:
     have the world's signature: the host calls them by it (``_call_export``)."""
     for name in (EXPORT_RUN, EXPORT_DISPATCH):
         func = exported[name].ty
-        found = (
-            (tuple(_wit_type(t) for _, t in func.params), _wit_type(func.result))
-            if isinstance(func, wc.FuncType)
-            else None
-        )
+        found = _wit_func_signature(func) if isinstance(func, wc.FuncType) else None
         if found != EXPORT_SIGNATURE:
             raise InvalidModule(
                 f"the component exports {name} with type {found}, but the world "
@@ -477,10 +473,7 @@ def _call_export(
     made = 0
     try:
         for index, arg in enumerate(args):
-            encoded = arg.encode("utf-8")
-            slot = base + index * _SLOT_SIZE
-            ctypes.memset(slot, _KIND_STRING, 1)
-            _byte_vec_new(slot + _OF_AT, len(encoded), encoded)
+            _write_string(base + index * _SLOT_SIZE, arg)
             made += 1
         result = (ctypes.c_char * _SLOT_SIZE)()
         result_at = ctypes.addressof(result)
@@ -547,12 +540,17 @@ def _string_scratch() -> int:
     return address
 
 
+def _write_string(slot: int, text: str) -> None:
+    """The value slot at ``slot`` := the string ``text`` (a byte vector the slot owns)."""
+    encoded = text.encode("utf-8")
+    ctypes.memset(slot, _KIND_STRING, 1)
+    _byte_vec_new(slot + _OF_AT, len(encoded), encoded)
+
+
 def _write_ok_string(results: int, payload: str) -> None:
     """The result slot at ``results`` := ``ok(payload)`` of ``result<string, call-error>``."""
-    encoded = payload.encode("utf-8")
     inner = _string_scratch()
-    ctypes.memset(inner, _KIND_STRING, 1)
-    _byte_vec_new(inner + _OF_AT, len(encoded), encoded)
+    _write_string(inner, payload)
     ctypes.memmove(results, _OK_RESULT.pack(_KIND_RESULT, True, _val_new(inner)), _OK_RESULT.size)
 
 
@@ -648,6 +646,11 @@ _INTERFACE_IMPORTS: dict[str, dict[str, HostImport]] = {
 
 def _wit_signature(imp: HostImport) -> tuple[tuple[str, ...], str]:
     return tuple(_PARAM_TYPES[code] for code in imp.params), _RESULT_TYPES[imp.returns]
+
+
+def _wit_func_signature(func: Any) -> tuple[tuple[str, ...], str]:
+    """A component function type's parameters and result as ``_wit_type`` writes them."""
+    return tuple(_wit_type(t) for _, t in func.params), _wit_type(func.result)
 
 
 def _wit_type(ty: Any) -> str:
@@ -1160,7 +1163,7 @@ class ComponentBackend:
                         f"the component imports {interface}#{name}, which is not part of ABI v1"
                     )
                 expected = _wit_signature(declared)
-                found = (tuple(_wit_type(t) for _, t in func.params), _wit_type(func.result))
+                found = _wit_func_signature(func)
                 if found != expected:
                     raise InvalidModule(
                         f"the component imports {interface}#{name} with type {found}, but "
