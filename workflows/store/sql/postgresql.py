@@ -52,6 +52,20 @@ END
 $$;"""
 
 
+def _held_by(run: str, worker: str) -> str:
+    """The fence's test that the run ``run`` (a table alias) is ``worker``'s and running --
+    the append's, the finalize's and the loads' -- each comparison wrapped in ``IS TRUE``
+    (the same result: NULL is not true), which no index serves, so the planner finds the run
+    by its primary key. With bare ``=`` it could read the runs through ``instance_due`` (every
+    running run) or ``instance_owner`` (every run of the worker) instead, once per run of the
+    statement: the statistics make running runs look rare (most runs have ended, and a table
+    analyzed while its runs waited has none), so that plan looked as cheap as the key's. A
+    drained batch of 57 runs read 1,596 rows it did not want that way (bench/README.md,
+    twenty-second pass), and the waste grows with every worker's running runs."""
+    running = RunStatus.RUNNING.value
+    return f"({run}.assigned_to = {worker}) IS TRUE AND ({run}.status = '{running}') IS TRUE"
+
+
 def _invoker_grants(role: str, *signatures: str) -> str:
     """Functions that run as their caller: callable by ``role``, not by PUBLIC."""
     return "".join(
@@ -107,8 +121,8 @@ BEGIN
                    AS c(id uuid, tenant uuid, first integer, next integer, worker varchar,
                         generation integer, now timestamptz)
              WHERE c.tenant = v_tenant AND i.id = c.id AND i.tenant_id = v_tenant
-               AND i.assigned_to = c.worker AND i.generation = c.generation
-               AND i.status = 'running' AND i.event_count = c.first
+               AND i.generation = c.generation AND i.event_count = c.first
+               AND {_held_by("i", "c.worker")}
             RETURNING i.id, i.tenant_id
         ), appended AS (
 {_INSERT_FENCED_EVENTS}        )
@@ -166,10 +180,9 @@ def _load_functions() -> str:
     instance = WorkflowInstance._meta.db_table
     definition = WorkflowDefinition._meta.db_table
     event = WorkflowEvent._meta.db_table
-    running = f"'{RunStatus.RUNNING.value}'"
     fence = (
         "r.id = p_id AND r.tenant_id = p_tenant AND r.generation = p_generation\n"
-        f"           AND r.assigned_to = p_worker AND r.status = {running}"
+        f"           AND {_held_by('r', 'p_worker')}"
     )
     begin, end = _AS_RUNS_TENANT_BEGIN, _AS_RUNS_TENANT_END
     return f"""
@@ -256,13 +269,11 @@ def _load_claimed_functions() -> str:
     definition = WorkflowDefinition._meta.db_table
     event = WorkflowEvent._meta.db_table
     updates = UpdateRequest._meta.db_table
-    running = f"'{RunStatus.RUNNING.value}'"
     pending = f"'{UpdateRequest.State.PENDING.value}'"
     claimed = "json_to_recordset(v_claimed) AS c(id uuid, tenant uuid, generation bigint)"
     fence = (
-        "c.tenant = v_tenant AND r.tenant_id = v_tenant\n"
-        "           AND r.generation = c.generation AND r.assigned_to = p_worker\n"
-        f"           AND r.status = {running}"
+        "c.tenant = v_tenant AND r.tenant_id = v_tenant AND r.generation = c.generation\n"
+        f"           AND {_held_by('r', 'p_worker')}"
     )
 
     def body(query: str) -> str:
@@ -410,7 +421,6 @@ def _finalize_done_function() -> str:
     updates = UpdateRequest._meta.db_table
     locks = ConcurrencyKey._meta.db_table
     terminal = ", ".join(f"'{s}'" for s in sorted(TERMINAL_STATUSES))
-    running = f"'{RunStatus.RUNNING.value}'"
     failed, pending = (
         f"'{s.value}'" for s in (UpdateRequest.State.FAILED, UpdateRequest.State.PENDING)
     )
@@ -437,8 +447,9 @@ BEGIN
                    event_count = COALESCE(c.next, i.event_count)
               FROM json_to_recordset(p_runs) AS c({_FINALIZE_RUN_COLUMNS})
              WHERE c.tenant = v_tenant AND i.id = c.id AND i.tenant_id = v_tenant
-               AND i.assigned_to = c.worker AND i.generation = c.generation
-               AND i.status = {running} AND i.event_count = COALESCE(c.first, i.event_count)
+               AND i.generation = c.generation
+               AND i.event_count = COALESCE(c.first, i.event_count)
+               AND {_held_by("i", "c.worker")}
                AND NOT EXISTS (SELECT 1 FROM {instance} AS k
                                 WHERE k.parent_id = i.id AND k.status NOT IN ({terminal}))
             RETURNING i.id, i.tenant_id, i.parent_id, c.lock_holder
