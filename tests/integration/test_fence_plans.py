@@ -6,10 +6,11 @@ runs waited holds none. With the fence's owner and status compared by a bare ``=
 the functions keep could then read the runs through ``instance_due`` (every running run) or
 ``instance_owner`` (every run of the worker) and compare each with every run of the call:
 work that grows with the running runs of every worker. Here the table is analyzed while every
-run waits, two workers then claim runs, and each function is called for one worker's runs
-with the plan the connection would keep (a generic one) and with one made for the call's
-values (a custom one). The indexes each call scanned are the transaction's own counts
-(``pg_stat_get_xact_numscans``): the primary key's, and not the two indexes of running runs.
+run waits, two workers then claim runs, and each function is called for one worker's runs, as
+the tables' owner, with the plan a connection would keep (a generic one) and with one made
+for the call's values (a custom one). The indexes each call scanned are the transaction's own
+counts (``pg_stat_get_xact_numscans``): the primary key's, and not the two indexes of running
+runs.
 
 PostgreSQL only: the functions are PostgreSQL's (other databases fence through the ORM, by
 the run's key).
@@ -23,13 +24,13 @@ from typing import Any
 
 import pytest
 import wasmtime
-from django.db import connection, transaction
 from django.utils import timezone
 
 from bench.engine_bench import STEPS_WAT
 from tests.integration.test_rls import connect_as, table_owner
 from workflows.store.lifecycle import Claim, claim_ready_instances
 from workflows.store.sql.postgresql import CLAIMED_SETTING
+from workflows.tenancy import TENANT_SETTING
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.postgres_only]
 
@@ -38,9 +39,14 @@ RUNS_INDEXES = ("instance_due", "instance_owner")
 KEY = "workflows_workflowinstance_pkey"
 
 
-@pytest.fixture
-def claimed(tenant: Any) -> list[Claim]:
-    """Runs claimed by two workers, after the table was analyzed with every run waiting."""
+@pytest.fixture(params=["force_generic_plan", "force_custom_plan"])
+def planned(request: Any, tenant: Any) -> Iterator[tuple[Any, list[Claim]]]:
+    """A cursor of the tables' owner, in a transaction rolled back at the end, whose
+    statistics were taken while every run waited and whose plans are made the way
+    ``request.param`` says; and the runs one of two workers then claimed.
+
+    The statistics are the transaction's own (``ANALYZE`` in it, rolled back with it), so
+    the tests that plan after these see the table as they would have."""
     from workflows.definitions import deploy_definition
     from workflows.services import start_workflow
 
@@ -48,12 +54,20 @@ def claimed(tenant: Any) -> list[Claim]:
     for _ in range(60):
         start_workflow(tenant, "steps", 1)
     with connect_as(table_owner()) as owner:
-        owner.autocommit = True
-        owner.execute("ANALYZE workflows_workflowinstance")
-    mine = claim_ready_instances(WORKER, ["default"], 20, timezone.now())
-    claim_ready_instances("fence-plan-b", ["default"], 20, timezone.now())
-    assert len(mine) == 20
-    return mine
+        try:
+            owner.execute("ANALYZE workflows_workflowinstance")
+            mine = claim_ready_instances(WORKER, ["default"], 20, timezone.now())
+            claim_ready_instances("fence-plan-b", ["default"], 20, timezone.now())
+            assert len(mine) == 20
+            cursor = owner.cursor()
+            cursor.execute("SELECT set_config('plan_cache_mode', %s, true)", [request.param])
+            cursor.execute("SELECT set_config(%s, %s, true)", [TENANT_SETTING, str(tenant.id)])
+            # The table is small here: scanning it would be the planner's choice. On a table
+            # of production size an index is, so the choice tested is between the indexes.
+            cursor.execute("SET LOCAL enable_seqscan = off")
+            yield cursor, mine
+        finally:
+            owner.rollback()
 
 
 def _scans(cursor: Any) -> dict[str, int]:
@@ -64,19 +78,6 @@ def _scans(cursor: Any) -> dict[str, int]:
         [list(names)],
     )
     return dict(cursor.fetchall())
-
-
-@pytest.fixture(params=["force_generic_plan", "force_custom_plan"])
-def planned(request: Any, claimed: list[Claim]) -> Iterator[tuple[Any, list[Claim]]]:
-    """A cursor in a transaction (rolled back) whose plans are made the way ``request.param``
-    says, and the claimed runs."""
-    with transaction.atomic(), connection.cursor() as cursor:
-        cursor.execute("SELECT set_config('plan_cache_mode', %s, true)", [request.param])
-        # The table is small here: scanning it would be the planner's choice. On a table of
-        # production size an index is, so the choice tested is between the indexes.
-        cursor.execute("SET LOCAL enable_seqscan = off")
-        yield cursor, claimed
-        transaction.set_rollback(True)
 
 
 def _runs_json(claims: list[Claim], **fields: Any) -> str:
