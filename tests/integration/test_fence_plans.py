@@ -24,18 +24,21 @@ from typing import Any
 
 import pytest
 import wasmtime
+from django.db import connection, transaction
+from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
 
 from bench.engine_bench import STEPS_WAT
+from engine.storage import RunRef
 from tests.integration.test_rls import connect_as, table_owner
 from workflows.store.lifecycle import Claim, claim_ready_instances
 from workflows.store.sql.postgresql import CLAIMED_SETTING
-from workflows.tenancy import TENANT_SETTING
+from workflows.tenancy import TENANT_SETTING, tenant_context
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.postgres_only]
 
 WORKER = "fence-plan-a"
-RUNS_INDEXES = ("instance_due", "instance_owner")
+RUNS_INDEXES = ("instance_due", "instance_owner", "instance_listing")
 KEY = "workflows_workflowinstance_pkey"
 
 
@@ -154,3 +157,53 @@ def test_the_finalize_finds_the_runs_by_their_key(planned: tuple[Any, list[Claim
     cursor.execute("SELECT count(*) FROM cleat.finalize_done(%s, '[]')", [runs])
     assert cursor.fetchone()[0] == len(claims)
     _read_by_key(cursor, 1)
+
+
+def _statements_of(action: Any) -> list[str]:
+    """The statements on the run table that ``action()`` sends through the ORM (as the app
+    role, in a transaction rolled back), as sent."""
+    with CaptureQueriesContext(connection) as captured, transaction.atomic():
+        action()
+        transaction.set_rollback(True)
+    return [q["sql"] for q in captured.captured_queries if "workflows_workflowinstance" in q["sql"]]
+
+
+def _orm_fence_statements(claim: Claim) -> list[str]:
+    """What the ORM's fenced operations send for one claimed run: the fenced lock (its event
+    count, and the whole row), the heartbeat, the release and the load's general path."""
+    from workflows.store import lifecycle
+    from workflows.store.storage import DjangoStorage, lock_fenced, lock_fenced_instance
+
+    ref = RunRef(str(claim.tenant_id), "", str(claim.id), WORKER, claim.generation)
+
+    def fenced() -> None:
+        with tenant_context(claim.tenant_id):
+            lock_fenced(ref)
+            lock_fenced_instance(ref)
+
+    def general_load() -> None:  # inside a transaction: not the one-message load
+        assert lifecycle.load_run(Claim(claim.id, claim.tenant_id, claim.generation), WORKER)
+
+    statements = [
+        *_statements_of(fenced),
+        *_statements_of(lambda: DjangoStorage(claim.tenant_id).heartbeat(ref)),
+        *_statements_of(lambda: lifecycle.release(ref)),
+        *_statements_of(general_load),
+    ]
+    assert len(statements) == 5, statements
+    return statements
+
+
+def test_the_orms_fenced_statements_find_the_run_by_its_key(
+    planned: tuple[Any, list[Claim]],
+) -> None:
+    """The ORM's fence (``storage.held_by``), where the database is not asked through the
+    functions: each statement the fenced operations send, planned as the owner with the
+    statistics taken while every run waited."""
+    cursor, claims = planned
+    statements = _orm_fence_statements(claims[0])
+    cursor.execute("SAVEPOINT orm")
+    for sql in statements:
+        cursor.execute(sql.replace("%", "%%"))
+    _read_by_key(cursor, len(statements))
+    cursor.execute("ROLLBACK TO SAVEPOINT orm")

@@ -63,6 +63,7 @@ from workflows.store.storage import (
     LoadedInterrupts,
     append_locked,
     client_side_binding,
+    held_by,
     lock_fenced_instance,
     take_lock,
 )
@@ -343,17 +344,13 @@ def load_run(claim: Claim, worker_id: str) -> LoadedRun | None:
     if done:
         return loaded
     with tenant_context(claim.tenant_id):
-        instance = (
+        found = (
             WorkflowInstance.objects.select_related("definition")
             .defer("definition__wasm")
-            .filter(
-                id=claim.id,
-                generation=claim.generation,
-                assigned_to=worker_id,
-                status=RunStatus.RUNNING,
-            )
-            .first()
+            .filter(held_by(worker_id), id=claim.id, generation=claim.generation)
+            .order_by()[:1]
         )
+        instance = next(iter(found), None)
         if instance is None:
             return None
         definition = {
@@ -884,10 +881,7 @@ def release(ref: RunRef, now: datetime | None = None, delay_s: float = 0.0) -> b
     now = now or timezone.now()
     with tenant_context(uuid.UUID(ref.tenant_id)):
         released = WorkflowInstance.objects.filter(
-            id=ref.run_id,
-            assigned_to=ref.worker_id,
-            generation=ref.generation,
-            status=RunStatus.RUNNING,
+            held_by(ref.worker_id), id=ref.run_id, generation=ref.generation
         ).update(
             status=RunStatus.READY, assigned_to=None, next_wake_at=now + timedelta(seconds=delay_s)
         )

@@ -18,7 +18,7 @@ from datetime import datetime, timedelta
 from typing import Any, NamedTuple
 
 from django.db import IntegrityError, connection, transaction
-from django.db.models import Q, QuerySet
+from django.db.models import BooleanField, ExpressionWrapper, Func, Q, QuerySet
 from django.utils import timezone
 
 from engine.errors import Denied, FenceLost, Refused, StorageError
@@ -89,16 +89,40 @@ from workflows.store.sql import queries
 from workflows.tenancy import tenant_context
 
 
+class _IsTrue(Func):
+    """``(condition) IS TRUE``: the condition's result (NULL is not true), in a form no index
+    serves."""
+
+    template = "(%(expressions)s) IS TRUE"
+    output_field = BooleanField()
+
+
+def held_by(worker_id: str) -> _IsTrue:
+    """The fence's test that a run is ``worker_id``'s and running, for a filter beside the
+    run's key. Its comparisons are wrapped in ``IS TRUE`` so that the database finds the run
+    by its key: with bare ``=``, statistics in which running runs look rare let PostgreSQL
+    read every running run through ``instance_due`` or ``instance_owner`` instead (the SQL
+    functions' form of the test is ``_held_by`` in ``sql/postgresql.py``;
+    ``tests/integration/test_fence_plans.py`` plans both)."""
+    held = Q(assigned_to=worker_id, status=RunStatus.RUNNING)
+    return _IsTrue(ExpressionWrapper(held, output_field=BooleanField()))
+
+
 def _fenced(ref: RunRef) -> QuerySet[WorkflowInstance]:
-    """The claimed instance row, locked, while the claim is still this worker's."""
-    return WorkflowInstance.objects.select_for_update(
-        no_key=connection.features.has_select_for_no_key_update
-    ).filter(
-        id=ref.run_id,
-        tenant_id=ref.tenant_id,
-        assigned_to=ref.worker_id,
-        generation=ref.generation,
-        status=RunStatus.RUNNING,
+    """The claimed instance row, locked, while the claim is still this worker's. Unordered:
+    the model's ordering (``-created_at``) let PostgreSQL walk ``instance_listing`` through
+    the tenant's running runs for the one row."""
+    return (
+        WorkflowInstance.objects.select_for_update(
+            no_key=connection.features.has_select_for_no_key_update
+        )
+        .filter(
+            held_by(ref.worker_id),
+            id=ref.run_id,
+            tenant_id=ref.tenant_id,
+            generation=ref.generation,
+        )
+        .order_by()
     )
 
 
@@ -108,7 +132,7 @@ def _fence_lost(ref: RunRef) -> FenceLost:
 
 def lock_fenced(ref: RunRef) -> int:
     """Lock the claimed instance row; return its event count. Raises FenceLost."""
-    row = _fenced(ref).values_list("event_count", flat=True).first()
+    row = next(iter(_fenced(ref).values_list("event_count", flat=True)[:1]), None)
     if row is None:
         raise _fence_lost(ref)
     return int(row)
@@ -118,7 +142,7 @@ def lock_fenced_instance(ref: RunRef) -> WorkflowInstance:
     """:func:`lock_fenced`, returning the locked row itself. Raises FenceLost."""
     # The checkpoint is deferred: the finalize's save() then writes the loaded fields only,
     # not the blob back (engine.compaction's fold writes it itself).
-    instance = _fenced(ref).defer("compaction_state").first()
+    instance = next(iter(_fenced(ref).defer("compaction_state")[:1]), None)
     if instance is None:
         raise _fence_lost(ref)
     return instance
@@ -693,11 +717,10 @@ class DjangoStorage:
         with tenant_context(self.tenant_id):
             return (
                 WorkflowInstance.objects.filter(
+                    held_by(run.worker_id),
                     id=run.run_id,
                     tenant_id=self.tenant_id,
-                    assigned_to=run.worker_id,
                     generation=run.generation,
-                    status=RunStatus.RUNNING,
                 ).update(heartbeat_at=self.now())
                 == 1
             )
@@ -843,6 +866,7 @@ __all__ = [
     "append_locked",
     "client_side_binding",
     "fenced_append",
+    "held_by",
     "lock_fenced",
     "lock_fenced_instance",
 ]
