@@ -207,3 +207,33 @@ def test_the_orms_fenced_statements_find_the_run_by_its_key(
         cursor.execute(sql.replace("%", "%%"))
     _read_by_key(cursor, len(statements))
     cursor.execute("ROLLBACK TO SAVEPOINT orm")
+
+
+def test_the_fenced_lock_reads_the_row_as_the_orm_does(tenant: Any) -> None:
+    """PostgreSQL's fenced lock is a statement written once (``lock_fenced_instance`` in
+    sql/postgresql.py), not the ORM's query: it reads the same values, leaves the checkpoint
+    deferred (the finalize's save writes what was loaded), and refuses a fence that moved."""
+    from engine.errors import FenceLost
+    from workflows.definitions import deploy_definition
+    from workflows.models import WorkflowInstance
+    from workflows.services import start_workflow
+    from workflows.store.storage import LOCKED_FIELDS, lock_fenced_instance
+
+    deploy_definition(tenant, "steps", wasmtime.wat2wasm(STEPS_WAT))
+    start_workflow(tenant, "steps", 1)
+    [claim] = claim_ready_instances(WORKER, ["default"], 1, timezone.now())
+    ref = RunRef(str(claim.tenant_id), "", str(claim.id), WORKER, claim.generation)
+    with tenant_context(claim.tenant_id):
+        locked = lock_fenced_instance(ref)
+        read = WorkflowInstance.objects.get(id=claim.id)
+        for moved in (
+            RunRef(ref.tenant_id, "", ref.run_id, "another-worker", ref.generation),
+            RunRef(ref.tenant_id, "", ref.run_id, WORKER, ref.generation + 1),
+        ):
+            with pytest.raises(FenceLost):
+                lock_fenced_instance(moved)
+    assert locked.get_deferred_fields() == {"compaction_state"}
+    assert {f.attname: getattr(locked, f.attname) for f in LOCKED_FIELDS} == {
+        f.attname: getattr(read, f.attname) for f in LOCKED_FIELDS
+    }
+    assert locked.status == "running" and locked.assigned_to == WORKER

@@ -64,6 +64,7 @@ from workflows.store.storage import (
     append_locked,
     client_side_binding,
     held_by,
+    instance_from_row,
     lock_fenced_instance,
     take_lock,
 )
@@ -411,7 +412,7 @@ def _loaded_from_rows(
     """The loaded run from the one-message load's rows (or the claim's, which are the same):
     the instance's columns then its definition's, its events (step, type, time, payload,
     checksum) and its interrupts."""
-    instance = _instance_from_row(row[: len(_INSTANCE_FIELDS)])
+    instance = instance_from_row(row[: len(_INSTANCE_FIELDS)], _INSTANCE_FIELDS)
     sha256, max_history_length, min_version = row[len(_INSTANCE_FIELDS) :]
     rows = [
         EncodedEvent(
@@ -436,34 +437,6 @@ def _loaded_from_rows(
         min_version,
         interrupts,
     )
-
-
-def _instance_from_row(values: Sequence[object]) -> WorkflowInstance:
-    """A model instance from raw column values, converted as the ORM's own queries convert
-    them (JSON fields, the backend's converters)."""
-    row = list(values)
-    for pos, (functions, expression) in _row_converters():
-        value = row[pos]
-        for convert in functions:
-            value = convert(value, expression, connection)
-        row[pos] = value
-    return WorkflowInstance.from_db(connection.alias, _INSTANCE_ATTNAMES, row)
-
-
-_INSTANCE_ATTNAMES = [f.attname for f in _INSTANCE_FIELDS]
-_converters: dict[str, list[tuple[int, tuple[list[Any], Any]]]] = {}
-
-
-def _row_converters() -> list[tuple[int, tuple[list[Any], Any]]]:
-    """The ORM's converters for the instance columns (per database vendor: they are field
-    and backend functions, called with the connection in hand)."""
-    found = _converters.get(connection.vendor)
-    if found is None:
-        compiler = WorkflowInstance.objects.all().query.get_compiler(connection=connection)
-        table = WorkflowInstance._meta.db_table
-        found = list(compiler.get_converters([f.get_col(table) for f in _INSTANCE_FIELDS]).items())
-        _converters[connection.vendor] = found
-    return found
 
 
 def pinned_plugin_versions(tenant: uuid.UUID, definition_id: int) -> dict[str, str]:

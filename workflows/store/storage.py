@@ -142,10 +142,48 @@ def lock_fenced_instance(ref: RunRef) -> WorkflowInstance:
     """:func:`lock_fenced`, returning the locked row itself. Raises FenceLost."""
     # The checkpoint is deferred: the finalize's save() then writes the loaded fields only,
     # not the blob back (engine.compaction's fold writes it itself).
-    instance = next(iter(_fenced(ref).defer("compaction_state")[:1]), None)
+    statement = queries(connection).get("lock_fenced_instance")
+    if statement is None:
+        instance = next(iter(_fenced(ref).defer("compaction_state")[:1]), None)
+    else:
+        # PostgreSQL: the same statement written once (sql/postgresql.py), instead of the
+        # ORM compiling it for the model's columns at every finalize (about 0.6 ms).
+        with connection.cursor() as cursor:
+            cursor.execute(statement, [ref.run_id, ref.tenant_id, ref.generation, ref.worker_id])
+            row = cursor.fetchone()
+        instance = None if row is None else instance_from_row(row, LOCKED_FIELDS)
     if instance is None:
         raise _fence_lost(ref)
     return instance
+
+
+# The run's columns a fenced lock reads (sql/postgresql.py's "lock_fenced_instance" selects
+# them in this order): all but the checkpoint, which stays deferred.
+LOCKED_FIELDS = tuple(
+    f for f in WorkflowInstance._meta.concrete_fields if f.attname != "compaction_state"
+)
+_converters: dict[tuple[str, tuple[str, ...]], list[tuple[int, tuple[list[Any], Any]]]] = {}
+
+
+def instance_from_row(values: Sequence[object], fields: Sequence[Any]) -> WorkflowInstance:
+    """A model instance from raw column values of ``fields`` (in that order; the model's
+    other fields are deferred), converted as the ORM's own queries convert them (JSON
+    fields, the backend's converters)."""
+    attnames = tuple(f.attname for f in fields)
+    key = (connection.vendor, attnames)
+    found = _converters.get(key)
+    if found is None:
+        compiler = WorkflowInstance.objects.all().query.get_compiler(connection=connection)
+        table = WorkflowInstance._meta.db_table
+        found = list(compiler.get_converters([f.get_col(table) for f in fields]).items())
+        _converters[key] = found
+    row = list(values)
+    for pos, (functions, expression) in found:
+        value = row[pos]
+        for convert in functions:
+            value = convert(value, expression, connection)
+        row[pos] = value
+    return WorkflowInstance.from_db(connection.alias, attnames, row)
 
 
 def append_locked(
@@ -867,6 +905,7 @@ __all__ = [
     "client_side_binding",
     "fenced_append",
     "held_by",
+    "instance_from_row",
     "lock_fenced",
     "lock_fenced_instance",
 ]

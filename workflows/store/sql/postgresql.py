@@ -538,10 +538,23 @@ TABLE_SECURITY = """
              WHERE n.nspname = current_schema() AND c.relname = ANY(%s)
             """
 
+# The fenced lock of a run's row for the general finalize (store.storage.lock_fenced_instance):
+# its columns but the checkpoint (deferred, in store.storage.LOCKED_FIELDS' order), while the
+# run is still the worker's: the run, its tenant, its generation, its owner.
+LOCK_FENCED_INSTANCE = (
+    "SELECT "
+    + ", ".join(f'i."{f.column}"' for f in _INSTANCE_FIELDS if f.attname != "compaction_state")
+    + f" FROM {WorkflowInstance._meta.db_table} AS i"
+    " WHERE i.id = %s AND i.tenant_id = %s AND i.generation = %s AND "
+    + _held_by("i", "%s")
+    + " FOR NO KEY UPDATE"
+)
+
 QUERIES = {
     "set_tenant": SET_TENANT,
     "append_events": APPEND_EVENTS,
     "load_run": _LOAD_SQL,
+    "lock_fenced_instance": LOCK_FENCED_INSTANCE,
     "run_interrupts": RUN_INTERRUPTS,
     "finalize_done": FINALIZE_DONE,
     "claim_ready": CLAIM_READY,
