@@ -217,7 +217,8 @@ def test_the_fenced_lock_reads_the_row_as_the_orm_does(tenant: Any) -> None:
     from workflows.definitions import deploy_definition
     from workflows.models import WorkflowInstance
     from workflows.services import start_workflow
-    from workflows.store.storage import LOCKED_FIELDS, lock_fenced_instance
+    from workflows.store.columns import LOCKED_COLUMNS
+    from workflows.store.storage import lock_fenced_instance
 
     deploy_definition(tenant, "steps", wasmtime.wat2wasm(STEPS_WAT))
     start_workflow(tenant, "steps", 1)
@@ -233,7 +234,7 @@ def test_the_fenced_lock_reads_the_row_as_the_orm_does(tenant: Any) -> None:
             with pytest.raises(FenceLost):
                 lock_fenced_instance(moved)
     assert locked.get_deferred_fields() == {"compaction_state"}
-    assert {f.attname: getattr(locked, f.attname) for f in LOCKED_FIELDS} == {
-        f.attname: getattr(read, f.attname) for f in LOCKED_FIELDS
+    assert {f.attname: getattr(locked, f.attname) for f in LOCKED_COLUMNS.fields} == {
+        f.attname: getattr(read, f.attname) for f in LOCKED_COLUMNS.fields
     }
     assert locked.status == "running" and locked.assigned_to == WORKER

@@ -57,6 +57,7 @@ from workflows.models import (
     checkpoint_state,
 )
 from workflows.store import compaction, group_commit, task_calls, wake
+from workflows.store.columns import INSTANCE_COLUMNS
 from workflows.store.group_commit import contiguous
 from workflows.store.sql import array_literal, queries
 from workflows.store.storage import (
@@ -64,7 +65,6 @@ from workflows.store.storage import (
     append_locked,
     client_side_binding,
     held_by,
-    instance_from_row,
     lock_fenced_instance,
     take_lock,
 )
@@ -375,9 +375,7 @@ def load_run(claim: Claim, worker_id: str) -> LoadedRun | None:
     )
 
 
-# The instance's columns, in the order the one-message load (sql.postgresql) selects them.
-_INSTANCE_FIELDS = tuple(WorkflowInstance._meta.concrete_fields)
-_ID_COLUMN = [f.attname for f in _INSTANCE_FIELDS].index("id")
+_ID_COLUMN = INSTANCE_COLUMNS.attnames.index("id")
 
 
 def _load_in_one_message(claim: Claim, worker_id: str) -> tuple[bool, LoadedRun | None]:
@@ -412,8 +410,9 @@ def _loaded_from_rows(
     """The loaded run from the one-message load's rows (or the claim's, which are the same):
     the instance's columns then its definition's, its events (step, type, time, payload,
     checksum) and its interrupts."""
-    instance = instance_from_row(row[: len(_INSTANCE_FIELDS)], _INSTANCE_FIELDS)
-    sha256, max_history_length, min_version = row[len(_INSTANCE_FIELDS) :]
+    columns = len(INSTANCE_COLUMNS.fields)
+    instance = INSTANCE_COLUMNS.instance(row[:columns])
+    sha256, max_history_length, min_version = row[columns:]
     rows = [
         EncodedEvent(
             step,

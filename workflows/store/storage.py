@@ -84,6 +84,7 @@ from workflows.models import (
 )
 from workflows.policies import quotas_for, require_signal_auth
 from workflows.store import crons, group_commit, wake
+from workflows.store.columns import LOCKED_COLUMNS
 from workflows.store.group_commit import contiguous
 from workflows.store.sql import queries
 from workflows.tenancy import tenant_context
@@ -151,39 +152,10 @@ def lock_fenced_instance(ref: RunRef) -> WorkflowInstance:
         with connection.cursor() as cursor:
             cursor.execute(statement, [ref.run_id, ref.tenant_id, ref.generation, ref.worker_id])
             row = cursor.fetchone()
-        instance = None if row is None else instance_from_row(row, LOCKED_FIELDS)
+        instance = None if row is None else LOCKED_COLUMNS.instance(row)
     if instance is None:
         raise _fence_lost(ref)
     return instance
-
-
-# The run's columns a fenced lock reads (sql/postgresql.py's "lock_fenced_instance" selects
-# them in this order): all but the checkpoint, which stays deferred.
-LOCKED_FIELDS = tuple(
-    f for f in WorkflowInstance._meta.concrete_fields if f.attname != "compaction_state"
-)
-_converters: dict[tuple[str, tuple[str, ...]], list[tuple[int, tuple[list[Any], Any]]]] = {}
-
-
-def instance_from_row(values: Sequence[object], fields: Sequence[Any]) -> WorkflowInstance:
-    """A model instance from raw column values of ``fields`` (in that order; the model's
-    other fields are deferred), converted as the ORM's own queries convert them (JSON
-    fields, the backend's converters)."""
-    attnames = tuple(f.attname for f in fields)
-    key = (connection.vendor, attnames)
-    found = _converters.get(key)
-    if found is None:
-        compiler = WorkflowInstance.objects.all().query.get_compiler(connection=connection)
-        table = WorkflowInstance._meta.db_table
-        found = list(compiler.get_converters([f.get_col(table) for f in fields]).items())
-        _converters[key] = found
-    row = list(values)
-    for pos, (functions, expression) in found:
-        value = row[pos]
-        for convert in functions:
-            value = convert(value, expression, connection)
-        row[pos] = value
-    return WorkflowInstance.from_db(connection.alias, attnames, row)
 
 
 def append_locked(
@@ -905,7 +877,6 @@ __all__ = [
     "client_side_binding",
     "fenced_append",
     "held_by",
-    "instance_from_row",
     "lock_fenced",
     "lock_fenced_instance",
 ]

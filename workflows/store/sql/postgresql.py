@@ -21,6 +21,7 @@ from workflows.models import (
     WorkflowInstance,
 )
 from workflows.rls import DISPATCHER_ROLE
+from workflows.store.columns import INSTANCE_COLUMNS, LOCKED_COLUMNS
 from workflows.store.wake import NOTIFY_CHANNEL
 from workflows.tenancy import TENANT_SETTING
 
@@ -148,7 +149,6 @@ def append_events_function_sql(role: str) -> str:
 # row type, so the function follows the model's columns; the first statement picks them in
 # the model's order. Each statement takes its own snapshot, as the ORM's statements do inside
 # a READ COMMITTED transaction.
-_INSTANCE_FIELDS = tuple(WorkflowInstance._meta.concrete_fields)
 LOAD_SIGNATURES = (
     "cleat.load_instance(uuid, uuid, bigint, text)",
     "cleat.load_history(uuid, uuid, bigint, text)",
@@ -156,10 +156,10 @@ LOAD_SIGNATURES = (
 
 
 # What a load's first statement selects from its function's row ``l``, in the order
-# store.lifecycle reads it: the instance's columns in the model's order, then the definition's
-# (the one-run load and the claim's loads alike).
+# store.lifecycle reads it: the instance's columns (store.columns.INSTANCE_COLUMNS), then the
+# definition's (the one-run load and the claim's loads alike).
 _LOADED_COLUMNS = (
-    ", ".join(f'(l.i)."{f.column}"' for f in _INSTANCE_FIELDS)
+    ", ".join(f'(l.i)."{f.column}"' for f in INSTANCE_COLUMNS.fields)
     + ", l.sha256, l.max_history_length, l.min_version"
 )
 
@@ -539,11 +539,11 @@ TABLE_SECURITY = """
             """
 
 # The fenced lock of a run's row for the general finalize (store.storage.lock_fenced_instance):
-# its columns but the checkpoint (deferred, in store.storage.LOCKED_FIELDS' order), while the
-# run is still the worker's: the run, its tenant, its generation, its owner.
+# its columns but the checkpoint (store.columns.LOCKED_COLUMNS), while the run is still the
+# worker's: the run, its tenant, its generation, its owner.
 LOCK_FENCED_INSTANCE = (
     "SELECT "
-    + ", ".join(f'i."{f.column}"' for f in _INSTANCE_FIELDS if f.attname != "compaction_state")
+    + ", ".join(f'i."{f.column}"' for f in LOCKED_COLUMNS.fields)
     + f" FROM {WorkflowInstance._meta.db_table} AS i"
     " WHERE i.id = %s AND i.tenant_id = %s AND i.generation = %s AND "
     + _held_by("i", "%s")
