@@ -57,7 +57,7 @@ from workflows.models import (
     checkpoint_state,
 )
 from workflows.store import compaction, group_commit, task_calls, wake
-from workflows.store.columns import INSTANCE_COLUMNS
+from workflows.store.columns import INSTANCE_COLUMNS, LOCKED_COLUMNS
 from workflows.store.group_commit import contiguous
 from workflows.store.sql import array_literal, queries
 from workflows.store.storage import (
@@ -569,7 +569,9 @@ def apply_transition(
     if transition.forget_failed_call:
         forget_failed_call(instance)
     successor = _successor(instance, transition.successor, now) if transition.successor else None
-    instance.save()
+    # The finalize's locked row (all but the checkpoint) by a statement built once; any
+    # other instance through the ORM.
+    LOCKED_COLUMNS.save(instance)
     if transition.release_locks_of is not None:
         ConcurrencyKey.objects.filter(
             tenant_id=instance.tenant_id, holder=transition.release_locks_of

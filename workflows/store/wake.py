@@ -53,7 +53,7 @@ from workflows.models import (
     UpdateRequest,
     WorkflowInstance,
 )
-from workflows.store.sql import queries
+from workflows.store.sql import array_literal, queries
 from workflows.tenancy import tenant_context
 
 log = logging.getLogger("cleat.store")
@@ -136,14 +136,37 @@ def wakeup_arrived(instance: WorkflowInstance, wait: Mapping[str, object]) -> bo
     call's reported outcome, its settled promise.
 
     The one readiness rule: the finalize asks it about what arrived while the segment ran,
-    the wake sweep about waiting runs whose wake-up may have been lost."""
+    the wake sweep about waiting runs whose wake-up may have been lost. On PostgreSQL the
+    sources the wait needs are read in one statement (the ``arrived_*`` terms of
+    ``sql/postgresql.py``); elsewhere through the ORM, source by source."""
     if instance.cancel_requested:
         return True
+    names = list(wait.get("signals") or [])  # type: ignore[call-overload]
+    run_ids = list(wait.get("run_ids") or [])  # type: ignore[call-overload]
+    task_id = wait.get("task_id") or None
+    promise_id = wait.get("promise_id") or None
+    terms = queries(connection)
+    if "arrived_update" in terms:  # PostgreSQL: the sources the wait needs, in one statement
+        arrivals: list[tuple[str, list[object]]] = [(terms["arrived_update"], [instance.id])]
+        if names:
+            arrivals.append((terms["arrived_signal"], [instance.id, array_literal(names)]))
+        if run_ids:
+            arrivals.append((terms["arrived_child"], [array_literal(run_ids)]))
+        if task_id:
+            arrivals.append((terms["arrived_task"], [task_id]))
+        if promise_id:
+            arrivals.append((terms["arrived_promise"], [promise_id]))
+        with connection.cursor() as cursor:
+            cursor.execute(
+                "SELECT " + " OR ".join(term for term, _ in arrivals),
+                [value for _, values in arrivals for value in values],
+            )
+            row = cursor.fetchone()
+        return bool(row and row[0])
     if UpdateRequest.objects.filter(
         instance_id=instance.id, status=UpdateRequest.State.PENDING
     ).exists():
         return True
-    names = list(wait.get("signals") or [])  # type: ignore[call-overload]
     if (
         names
         and Signal.objects.filter(
@@ -151,16 +174,13 @@ def wakeup_arrived(instance: WorkflowInstance, wait: Mapping[str, object]) -> bo
         ).exists()
     ):
         return True
-    run_ids = list(wait.get("run_ids") or [])  # type: ignore[call-overload]
     if (
         run_ids
         and WorkflowInstance.objects.filter(id__in=run_ids, status__in=TERMINAL_STATUSES).exists()
     ):
         return True
-    task_id = wait.get("task_id")
     if task_id and TaskCall.objects.filter(id=task_id, state=TaskCall.State.REPORTED).exists():
         return True
-    promise_id = wait.get("promise_id")
     return bool(
         promise_id
         and Promise.objects.filter(id=promise_id).exclude(status=Promise.State.PENDING).exists()
