@@ -5,7 +5,11 @@ due at one instant drain quickly. PostgreSQL, the worker as the application role
     .venv/bin/python -m bench.waiting_bench --timers 2000 --waiting 20000 --watch 30
 
 1. **Timers due at once.** ``--timers`` runs each sleep ``--sleep`` seconds (started and run
-   through their first segment by a worker, as in production); once every timer is due, one
+   through their first segment by a worker, as in production: the bench prints that
+   segment's rate, the CPU per run of the worker and of the server, and the WAL per run --
+   a segment that suspends takes the general finalize, the path of every wait; each run's
+   input is ``--input-kb`` KB of incompressible text, none by default, which a wait does not
+   write again); once every timer is due, one
    ``runworker --burst`` (``--processes``, default 1, each of ``--threads``, default 16)
    drains them: runs/s from its spawn to the last run done, and from its first worker loop's
    start (a worker already running when timers fall due has paid its start: Django, the
@@ -32,7 +36,13 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
-from bench.store_bench import Cleat, Server, children_cpu_seconds, database_cpu_seconds
+from bench.store_bench import (
+    Cleat,
+    Server,
+    ServerCounters,
+    children_cpu_seconds,
+    database_cpu_seconds,
+)
 
 # Sleeps SLEEP_MS, then completes with `true`.
 SLEEPER_WAT = r"""
@@ -193,6 +203,13 @@ def main() -> int:
         help="segment threads of each drain process (default 16: runworker's default on 2 CPUs)",
     )
     parser.add_argument(
+        "--input-kb",
+        type=int,
+        default=0,
+        help="each run's input, in KB of incompressible text (default none): a large input is"
+        " stored once, not written again at each of its waits",
+    )
+    parser.add_argument(
         "--claim-ahead",
         default="auto",
         help="the drain's runworker --claim-ahead (default auto, runworker's default)",
@@ -227,16 +244,45 @@ def run(cleat: Cleat, server: Server, args: argparse.Namespace) -> int:
 
     # 1. Timers due at once.
     began = time.monotonic()
+    # A run's input, --input-kb of hex digits (incompressible), or none.
+    payload = {"blob": os.urandom(args.input_kb * 512).hex()} if args.input_kb else None
     for _ in range(args.timers):
-        start_workflow(cleat.tenant, "sleeper", None)
+        start_workflow(cleat.tenant, "sleeper", payload)
     connections.close_all()
-    first = cleat.runworker("--concurrency", "4", "--burst", log="first-segments.log")
+    started = time.monotonic()
+    cpu, server_cpu, counters = (
+        children_cpu_seconds(),
+        database_cpu_seconds(),
+        ServerCounters.read(server),
+    )
+    first = cleat.runworker(
+        "--concurrency",
+        "16",
+        "--processes",
+        str(args.processes),
+        "--burst",
+        log="first-segments.log",
+    )
     first.wait(timeout=3600)
+    asleep_s = time.monotonic() - started
+    cpu, server_cpu = children_cpu_seconds() - cpu, database_cpu_seconds() - server_cpu
+    counters = ServerCounters.read(server) - counters
     got = counts(cleat)
     if got["waiting"] != args.timers:
         log = (cleat.logdir / "first-segments.log").read_text()[-3000:]
         raise SystemExit(f"the first segments did not all run: {got}\n{log}")
-    print(f"{args.timers} runs started and asleep in {time.monotonic() - began:.0f} s")
+    print(f"{args.timers} runs started in {started - began:.0f} s")
+    # Each first segment suspends on its timer: the general finalize (the lock, the wake-up
+    # check, the run's row saved), the path of every segment that waits.
+    runs = max(1, args.timers)
+    print(
+        f"first segments (each suspends on its timer): {args.timers / asleep_s:,.0f} runs/s "
+        f"from the spawn, {args.processes} process(es) x 16 threads; CPU per run: worker "
+        f"{cpu / runs * 1000:.2f} ms (its start included), PostgreSQL server "
+        f"{server_cpu / runs * 1000:.2f} ms; WAL per run {counters.wal_records / runs:.1f} "
+        f"records, {counters.wal_bytes / runs / 1024:,.1f} KB (input "
+        f"{args.input_kb} KB)"
+    )
     from django.db.models import Max
 
     from workflows.models import WorkflowInstance

@@ -54,7 +54,24 @@ def start(tenant: Tenant) -> Iterator[Callable[[], str]]:
 
 
 def _locked(run_id: str) -> WorkflowInstance:
-    """The run as the general finalize's fenced lock loads it: all but the checkpoint."""
+    """The run as the general finalize's fenced lock loads it: all but the checkpoint, made
+    from its raw row by ``LOCKED_COLUMNS.instance`` (as on PostgreSQL)."""
+    quote = connection.ops.quote_name
+    columns = ", ".join(quote(f.column) for f in LOCKED_COLUMNS.fields)
+    table = quote(WorkflowInstance._meta.db_table)
+    pk = WorkflowInstance._meta.pk
+    assert pk is not None
+    with connection.cursor() as cursor:
+        cursor.execute(
+            f"SELECT {columns} FROM {table} WHERE {quote(pk.column)} = %s",
+            [pk.get_db_prep_value(uuid.UUID(run_id), connection)],
+        )
+        row = cursor.fetchone()
+    return LOCKED_COLUMNS.instance(row)
+
+
+def _ormlocked(run_id: str) -> WorkflowInstance:
+    """The run as the ORM's fenced lock loads it (the other databases)."""
     return WorkflowInstance.objects.defer("compaction_state").get(id=run_id)
 
 
@@ -102,6 +119,12 @@ def test_the_locked_save_writes_what_the_orms_save_writes(
         statement = captured.captured_queries[0]["sql"]
         assert statement.lstrip().upper().startswith("UPDATE")
         assert "compaction_state" not in statement
+        # only what changed since the load: not the input, the name, the status (ready, as
+        # it was)...
+        for unchanged in ("input", "definition_name", "status", "task_queue"):
+            assert f"{connection.ops.quote_name(unchanged)} =" not in statement, unchanged
+        for changed in ("waiting_on", "result", "attempt", "next_wake_at", "updated_at"):
+            assert f"{connection.ops.quote_name(changed)} =" in statement, changed
         assert _row(fast) == _row(orm)
         saved = WorkflowInstance.objects.get(id=fast)
         # auto_now written as the ORM writes it; the sealed result read back as written
@@ -109,6 +132,40 @@ def test_the_locked_save_writes_what_the_orms_save_writes(
         assert saved.result == '{"partial": "välue"}'
         assert saved.waiting_on == one.waiting_on
         assert WorkflowInstance.stored_checkpoint(tenant.id, fast) == {"checkpoint": "kept"}
+
+
+def test_the_locked_save_writes_each_change_since_the_last_save(
+    tenant: Tenant, start: Callable[[], str]
+) -> None:
+    """After a save, what changes next is measured from the saved values: a JSON value
+    changed in place is written, a value set back to what is stored is not; an instance the
+    ORM loaded (the fenced lock on the other databases) has all its loaded columns written."""
+    run = start()
+    quote = connection.ops.quote_name
+    with tenant_context(tenant.id):
+        locked = _locked(run)
+        locked.waiting_on = {"kind": "timer", "wake_at_ms": 1}
+        locked.attempt = 2
+        LOCKED_COLUMNS.save(locked)
+        locked.waiting_on["wake_at_ms"] = 2  # in place
+        locked.attempt = 2  # as stored
+        with CaptureQueriesContext(connection) as captured:
+            LOCKED_COLUMNS.save(locked)
+        statement = captured.captured_queries[0]["sql"]
+        assert f"{quote('waiting_on')} =" in statement
+        assert f"{quote('attempt')} =" not in statement
+        stored = WorkflowInstance.objects.get(id=run)
+        assert stored.waiting_on == {"kind": "timer", "wake_at_ms": 2}
+        assert stored.attempt == 2
+
+        loaded_by_the_orm = _ormlocked(run)
+        loaded_by_the_orm.error = "orm"
+        with CaptureQueriesContext(connection) as captured:
+            LOCKED_COLUMNS.save(loaded_by_the_orm)
+        statement = captured.captured_queries[0]["sql"]
+        assert f"{quote('input')} =" in statement and f"{quote('error')} =" in statement
+        assert "compaction_state" not in statement
+        assert WorkflowInstance.objects.get(id=run).error == "orm"
 
 
 def test_the_locked_save_leaves_other_instances_to_the_orm(

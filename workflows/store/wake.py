@@ -147,20 +147,21 @@ def wakeup_arrived(instance: WorkflowInstance, wait: Mapping[str, object]) -> bo
     promise_id = wait.get("promise_id") or None
     terms = queries(connection)
     if "arrived_update" in terms:  # PostgreSQL: the sources the wait needs, in one statement
-        arrivals: list[tuple[str, list[object]]] = [(terms["arrived_update"], [instance.id])]
+        statement, params = terms["arrived_update"], [instance.id]
         if names:
-            arrivals.append((terms["arrived_signal"], [instance.id, array_literal(names)]))
+            statement += terms["arrived_signal"]
+            params += [instance.id, array_literal(names)]
         if run_ids:
-            arrivals.append((terms["arrived_child"], [array_literal(run_ids)]))
+            statement += terms["arrived_child"]
+            params.append(array_literal(run_ids))
         if task_id:
-            arrivals.append((terms["arrived_task"], [task_id]))
+            statement += terms["arrived_task"]
+            params.append(task_id)
         if promise_id:
-            arrivals.append((terms["arrived_promise"], [promise_id]))
+            statement += terms["arrived_promise"]
+            params.append(promise_id)
         with connection.cursor() as cursor:
-            cursor.execute(
-                "SELECT " + " OR ".join(term for term, _ in arrivals),
-                [value for _, values in arrivals for value in values],
-            )
+            cursor.execute(statement, params)
             row = cursor.fetchone()
         return bool(row and row[0])
     if UpdateRequest.objects.filter(

@@ -16,7 +16,7 @@ Table names are formatted in once, at import, from the models.
 from __future__ import annotations
 
 import importlib
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from types import MappingProxyType
 from typing import Any
 
@@ -71,4 +71,13 @@ def array_literal(values: Iterable[object]) -> str:
     )
 
 
-__all__ = ["DIALECT_MODULES", "array_literal", "loader", "queries"]
+def update_by_key(connection: Any, table: str, columns: Sequence[str], key: str) -> str:
+    """``UPDATE table SET column = %s, ... WHERE key = %s``, each name quoted as
+    ``connection``'s database quotes it: the one statement written here for every dialect
+    (``store.columns.RowColumns.save``, a run's row saved by its key)."""
+    quote = connection.ops.quote_name
+    assignments = ", ".join(f"{quote(column)} = %s" for column in columns)
+    return f"UPDATE {quote(table)} SET {assignments} WHERE {quote(key)} = %s"
+
+
+__all__ = ["DIALECT_MODULES", "array_literal", "loader", "queries", "update_by_key"]

@@ -554,22 +554,27 @@ LOCK_FENCED_INSTANCE = (
 )
 
 # What can wake a waiting run, source by source (store.wake.wakeup_arrived, the one readiness
-# rule, joins the terms its wait needs with OR into one SELECT; the other databases take its
-# ORM form): a pending update (every wait), an unconsumed signal of the names it waits for,
-# an ended child of those it waits for, its task call's reported outcome, its settled
-# promise. One statement instead of a query compiled by the ORM for each source (about 0.4
-# ms each), and only the terms the wait needs (all five together cost 0.3 ms more to plan
-# than one). Each reads its source by the run or by its key, under the caller's tenant.
-ARRIVED_UPDATE = f"""EXISTS (SELECT 1 FROM {UpdateRequest._meta.db_table} AS u
+# rule, whose ORM form the other databases take): a pending update (every wait; the SELECT
+# starts with it), then, each appended with OR when the wait names it, an unconsumed signal
+# of its names, an ended child of those it waits for, its task call's reported outcome, its
+# settled promise. One statement instead of a query compiled by the ORM for each source
+# (about 0.4 ms each), and only the terms the wait needs (all five together cost 0.3 ms more
+# to plan than one). Each reads its source by the run or by its key, under the caller's
+# tenant.
+ARRIVED_UPDATE = f"""SELECT EXISTS (SELECT 1 FROM {UpdateRequest._meta.db_table} AS u
     WHERE u.instance_id = %s AND u.status = '{UpdateRequest.State.PENDING.value}')"""
-ARRIVED_SIGNAL = f"""EXISTS (SELECT 1 FROM {Signal._meta.db_table} AS s
+ARRIVED_SIGNAL = f"""
+    OR EXISTS (SELECT 1 FROM {Signal._meta.db_table} AS s
     WHERE s.instance_id = %s AND s.consumed_at IS NULL AND s.name = ANY(%s::text[]))"""
-ARRIVED_CHILD = f"""EXISTS (SELECT 1 FROM {WorkflowInstance._meta.db_table} AS c
+ARRIVED_CHILD = f"""
+    OR EXISTS (SELECT 1 FROM {WorkflowInstance._meta.db_table} AS c
     WHERE c.id = ANY(%s::uuid[])
       AND c.status IN ({", ".join(f"'{s}'" for s in sorted(TERMINAL_STATUSES))}))"""
-ARRIVED_TASK = f"""EXISTS (SELECT 1 FROM {TaskCall._meta.db_table} AS k
+ARRIVED_TASK = f"""
+    OR EXISTS (SELECT 1 FROM {TaskCall._meta.db_table} AS k
     WHERE k.id = %s::uuid AND k.state = '{TaskCall.State.REPORTED.value}')"""
-ARRIVED_PROMISE = f"""EXISTS (SELECT 1 FROM {Promise._meta.db_table} AS p
+ARRIVED_PROMISE = f"""
+    OR EXISTS (SELECT 1 FROM {Promise._meta.db_table} AS p
     WHERE p.id = %s AND p.status <> '{Promise.State.PENDING.value}')"""
 
 QUERIES = {
