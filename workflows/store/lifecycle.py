@@ -569,8 +569,8 @@ def apply_transition(
     if transition.forget_failed_call:
         forget_failed_call(instance)
     successor = _successor(instance, transition.successor, now) if transition.successor else None
-    # The finalize's locked row (all but the checkpoint) by a statement built once; any
-    # other instance through the ORM.
+    # The finalize's locked row (all but the checkpoint): the columns that changed, by a
+    # statement built once (store.columns); any other instance through the ORM.
     LOCKED_COLUMNS.save(instance)
     if transition.release_locks_of is not None:
         ConcurrencyKey.objects.filter(
