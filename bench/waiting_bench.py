@@ -257,7 +257,7 @@ def run(cleat: Cleat, server: Server, args: argparse.Namespace) -> int:
     )
     first = cleat.runworker(
         "--concurrency",
-        "16",
+        str(args.threads),
         "--processes",
         str(args.processes),
         "--burst",
@@ -277,8 +277,8 @@ def run(cleat: Cleat, server: Server, args: argparse.Namespace) -> int:
     runs = max(1, args.timers)
     print(
         f"first segments (each suspends on its timer): {args.timers / asleep_s:,.0f} runs/s "
-        f"from the spawn, {args.processes} process(es) x 16 threads; CPU per run: worker "
-        f"{cpu / runs * 1000:.2f} ms (its start included), PostgreSQL server "
+        f"from the spawn, {args.processes} process(es) x {args.threads} threads; CPU per run: "
+        f"worker {cpu / runs * 1000:.2f} ms (its start included), PostgreSQL server "
         f"{server_cpu / runs * 1000:.2f} ms; WAL per run {counters.wal_records / runs:.1f} "
         f"records, {counters.wal_bytes / runs / 1024:,.1f} KB (input "
         f"{args.input_kb} KB)"

@@ -36,7 +36,6 @@ class RowColumns:
         # per vendor and set of columns, built once.
         self._deferred = frozenset(f.attname for f in meta.concrete_fields) - set(self.attnames)
         self._saved = tuple(f for f in self.fields if not f.primary_key and not f.generated)
-        self._positions = tuple(self.attnames.index(f.attname) for f in self._saved)
         # Written at every save: a field whose pre_save makes its value (auto_now).
         self._always = frozenset(f.attname for f in self._saved if getattr(f, "auto_now", False))
         self._update_sql: dict[tuple[str, tuple[str, ...]], str] = {}
@@ -59,8 +58,12 @@ class RowColumns:
             row[pos] = value
         instance = WorkflowInstance.from_db(conn.alias, self.attnames, row)
         if self.track_changes:  # the values as loaded, for save() to write only what changed
-            instance.__dict__[_LOADED] = (self, [instance.__dict__[a] for a in self.attnames])
+            self._remember(instance)
         return instance
+
+    def _remember(self, instance: WorkflowInstance) -> None:
+        """Keep ``instance``'s values of these columns as the row holds them now."""
+        instance.__dict__[_LOADED] = (self, {a: instance.__dict__[a] for a in self.attnames})
 
     def save(self, instance: WorkflowInstance) -> None:
         """``instance.save()`` for an instance loaded with these columns and no others, by an
@@ -95,10 +98,10 @@ class RowColumns:
         before = loaded[1] if loaded is not None and loaded[0] is self else None
         fields = []
         values = []
-        for field, position in zip(self._saved, self._positions, strict=True):
+        for field in self._saved:
             if before is not None and field.attname not in self._always:
                 now = instance.__dict__[field.attname]
-                if not isinstance(now, (dict, list)) and now == before[position]:
+                if not isinstance(now, (dict, list)) and now == before[field.attname]:
                     continue
             value = field.pre_save(instance, False)
             if hasattr(value, "resolve_expression") or hasattr(value, "prepare_database_save"):
@@ -118,10 +121,7 @@ class RowColumns:
             if cursor.rowcount < 1:  # as the model's save() of loaded fields says it
                 raise DatabaseError("Save with update_fields did not affect any rows.")
         if loaded is not None:  # saved: what changed is measured from here on
-            instance.__dict__[_LOADED] = (
-                self,
-                [instance.__dict__[a] for a in self.attnames],
-            )
+            self._remember(instance)
 
 
 # The instance's attribute that holds its values as loaded (RowColumns.instance).
