@@ -215,6 +215,8 @@ def main() -> int:
         help="the drain's runworker --claim-ahead (default auto, runworker's default)",
     )
     args = parser.parse_args()
+    if args.input_kb < 0:
+        parser.error(f"--input-kb must be 0 or more, not {args.input_kb}")
     print(f"load average {' '.join(f'{x:.1f}' for x in os.getloadavg())}")
     server = Server(args.pg)
     with tempfile.TemporaryDirectory(prefix="cleat-waiting-bench-") as logdir:
