@@ -36,7 +36,7 @@ from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any
 
-from django.db import close_old_connections, connection
+from django.db import DEFAULT_DB_ALIAS, close_old_connections, connection, connections
 from django.utils import timezone
 from prometheus_client import REGISTRY, Counter, Gauge, Histogram
 from prometheus_client.core import CounterMetricFamily
@@ -129,21 +129,23 @@ FRESH_CONNECTION_S = 1.0
 _fresh = threading.local()
 
 
-def _tidy_connection() -> None:
-    """close_old_connections(), without the health check of a connection that answered
-    less than FRESH_CONNECTION_S ago on this thread (see _mark_fresh)."""
+def _tidy_connection(conn: Any) -> None:
+    """close_old_connections(), without the health check of this thread's connection
+    ``conn`` (``connections[DEFAULT_DB_ALIAS]``, looked up once by the caller: each
+    attribute read through Django's ``connection`` proxy looks it up again) when it answered
+    less than FRESH_CONNECTION_S ago (see _mark_fresh)."""
     close_old_connections()
     if (
-        connection.connection is not None
+        conn.connection is not None
         and time.monotonic() < getattr(_fresh, "until", 0.0)
-        and hasattr(connection, "health_check_done")
+        and hasattr(conn, "health_check_done")
     ):
-        connection.health_check_done = True
+        conn.health_check_done = True
 
 
-def _mark_fresh() -> None:
-    """This thread's connection just answered without an error."""
-    if connection.connection is not None and not connection.errors_occurred:
+def _mark_fresh(conn: Any) -> None:
+    """This thread's connection ``conn`` just answered without an error."""
+    if conn.connection is not None and not conn.errors_occurred:
         _fresh.until = time.monotonic() + FRESH_CONNECTION_S
     else:
         _fresh.until = 0.0
@@ -348,7 +350,7 @@ class Worker:
                     # The segments finished so far, before the free slots are counted: a
                     # finished segment wakes the loop only when the claim has room.
                     self._collect(block=False)
-                    _tidy_connection()
+                    _tidy_connection(connections[DEFAULT_DB_ALIAS])
                     self._clock.sync()
                     self._run_duties()  # before `now`: the claim takes the runs they started
                     now = self._clock.now()
@@ -369,7 +371,7 @@ class Worker:
                         opts.worker_id, opts.task_queues, free, now, opts.tenant, load=True
                     )
                     if free > 0:  # the claim asked the database
-                        _mark_fresh()
+                        _mark_fresh(connections[DEFAULT_DB_ALIAS])
                     if opts.claim_ahead == CLAIM_AHEAD_AUTO:
                         self._ahead = next_claim_ahead(
                             self._ahead, free, len(claims), opts.concurrency
@@ -548,11 +550,12 @@ class Worker:
             self._wake.set()
 
     def _execute(self, claim: Claim) -> SegmentReport:
-        _tidy_connection()
+        conn = connections[DEFAULT_DB_ALIAS]  # this thread's, for as long as the thread lives
+        _tidy_connection(conn)
         try:
             with SEGMENT_SECONDS.time():
                 report = execute_claim(claim, self.options.worker_id, self._clock.segment_clock())
-            _mark_fresh()
+            _mark_fresh(conn)
         except BaseException:
             _fresh.until = 0.0
             raise

@@ -29,7 +29,7 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from django.conf import settings
-from django.db import connection, transaction
+from django.db import DEFAULT_DB_ALIAS, connection, connections, transaction
 from django.db.models import Count, F, Q
 from django.db.models.functions import Coalesce
 from django.utils import timezone
@@ -381,11 +381,12 @@ _ID_COLUMN = INSTANCE_COLUMNS.attnames.index("id")
 def _load_in_one_message(claim: Claim, worker_id: str) -> tuple[bool, LoadedRun | None]:
     """:func:`load_run` in one round trip: (True, its answer) on PostgreSQL outside a
     transaction with client-side binding; (False, None) where that does not apply."""
-    load_sql = queries(connection).get("load_run")
-    if load_sql is None or connection.in_atomic_block or not connection.get_autocommit():
+    conn = connections[DEFAULT_DB_ALIAS]
+    load_sql = queries(conn).get("load_run")
+    if load_sql is None or conn.in_atomic_block or not conn.get_autocommit():
         return False, None
     fence = [str(claim.tenant_id), str(claim.id), claim.generation, worker_id]
-    with connection.cursor() as cursor:
+    with conn.cursor() as cursor:
         if not client_side_binding(cursor):
             return False, None
         read_at = time.monotonic()
@@ -627,13 +628,14 @@ def completion_entry(
     does not apply: not a completion, a consumed signal or an answered update to write, not
     PostgreSQL, inside a transaction, or events that do not follow one another."""
     done = lifecycle.completion(result.outcome, ref.workflow_id)
+    conn = connections[DEFAULT_DB_ALIAS]  # once: each read through the proxy looks it up
     if (
         done is None
         or result.consumed_signals
         or result.applied_updates
-        or "finalize_done" not in queries(connection)
-        or connection.in_atomic_block
-        or not connection.get_autocommit()
+        or "finalize_done" not in queries(conn)
+        or conn.in_atomic_block
+        or not conn.get_autocommit()
         or not contiguous(result.new_events)
     ):
         return None
