@@ -141,6 +141,23 @@ def completion(outcome: Outcome, workflow_id: str) -> Transition | None:
     return Transition(RunStatus.DONE, result=outcome.result, release_locks_of=workflow_id)
 
 
+def suspension(
+    outcome: Suspended, policy: RunPolicy, now_ms: int, wakeup_arrived: bool
+) -> Transition:
+    """The transition of a suspended segment: it depends on nothing of the run but whether
+    something that may satisfy the wait arrived while the segment ran
+    (``RunState.wakeup_arrived``), so a store may take it both ways and let the read under
+    its lock choose (``cleat.finalize_wait``, workflows/store/sql/postgresql.py)."""
+    wait = outcome.wait
+    wake = wait.wake_at_ms
+    if policy.wait_recheck_ms is not None:
+        recheck = now_ms + policy.wait_recheck_ms
+        wake = recheck if wake is None else min(wake, recheck)
+    if wakeup_arrived:
+        wake = now_ms
+    return Transition(RunStatus.READY, wake_at_ms=wake, attempt=1, waiting_on=wait.as_dict())
+
+
 def after_segment(outcome: Outcome, run: RunState, policy: RunPolicy, now_ms: int) -> Transition:
     """The transition a segment's outcome makes (see the module docstring)."""
     if isinstance(outcome, Completed):
@@ -148,14 +165,7 @@ def after_segment(outcome: Outcome, run: RunState, policy: RunPolicy, now_ms: in
         assert done is not None
         return done
     if isinstance(outcome, Suspended):
-        wait = outcome.wait
-        wake = wait.wake_at_ms
-        if policy.wait_recheck_ms is not None:
-            recheck = now_ms + policy.wait_recheck_ms
-            wake = recheck if wake is None else min(wake, recheck)
-        if run.wakeup_arrived:
-            wake = now_ms
-        return Transition(RunStatus.READY, wake_at_ms=wake, attempt=1, waiting_on=wait.as_dict())
+        return suspension(outcome, policy, now_ms, run.wakeup_arrived)
     if isinstance(outcome, ContinuedAsNew):
         return Transition(
             RunStatus.DONE,

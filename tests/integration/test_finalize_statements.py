@@ -1,7 +1,7 @@
 """The general finalize's statements written once: the locked row's save
 (``store.columns.RowColumns.save``, the UPDATE whose text is built once instead of compiled by
-the ORM at each finalize) and the readiness rule's sources read in one statement on
-PostgreSQL (``store.wake.wakeup_arrived``, the ``arrived_*`` terms of ``sql/postgresql.py``).
+the ORM at each finalize) and the readiness rule read by one function on PostgreSQL
+(``store.wake.wakeup_arrived``, ``cleat.wakeup_arrived`` in ``sql/postgresql.py``).
 Each is checked against what the ORM does. Runs on every database the suite is pointed at
 (SQLite by default; PostgreSQL as the RLS-bound application role; MariaDB)."""
 
@@ -211,13 +211,13 @@ def test_the_locked_save_of_a_vanished_row_raises(tenant: Tenant, start: Callabl
 
 @pytest.fixture(params=["as_the_database_runs_it", "through_the_orm"])
 def arrived(request: Any, monkeypatch: pytest.MonkeyPatch) -> str:
-    """wakeup_arrived as this database runs it (one statement on PostgreSQL), and through
+    """wakeup_arrived as this database runs it (one function on PostgreSQL), and through
     the ORM's queries (the form the other databases take) for comparison."""
     if request.param == "through_the_orm":
-        terms = {k: v for k, v in queries(connection).items() if not k.startswith("arrived_")}
+        terms = {k: v for k, v in queries(connection).items() if k != "wakeup_arrived"}
         monkeypatch.setattr(wake, "queries", lambda _connection: terms)
     elif connection.vendor == "postgresql":
-        assert "arrived_update" in queries(connection)
+        assert "wakeup_arrived" in queries(connection)
     return str(request.param)
 
 

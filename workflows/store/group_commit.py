@@ -429,6 +429,16 @@ def finalize_runs(runs: list[dict[str, Any]], rows: list[dict[str, Any]]) -> dic
         return {str(run_id): parent for run_id, parent in cursor.fetchall()}
 
 
+def finalize_waits(runs: list[dict[str, Any]], rows: list[dict[str, Any]]) -> dict[str, Any]:
+    """The statement ``finalize_wait`` (sql/postgresql.py) for suspended runs, each as
+    :func:`finalize_entry` makes it with a suspension's fields, and their remaining events
+    ``rows``: one transaction unless the caller is in one. Returns each run whose fence
+    matched (written), by id, with when it is due (None: waits until woken)."""
+    with connection.cursor() as cursor:
+        cursor.execute(queries(connection)["finalize_wait"], [_json(runs), _json(rows)])
+        return {str(run_id): due for run_id, due in cursor.fetchall()}
+
+
 def finalize_entry(
     tenant_id: uuid.UUID,
     ref: RunRef,
@@ -436,9 +446,10 @@ def finalize_entry(
     now: datetime,
     fields: dict[str, Any],
 ) -> tuple[dict[str, Any], list[dict[str, Any]]]:
-    """A completed run's entry in ``finalize_done``'s list of runs (its fence, as an
-    append's, and ``fields``: what the completion writes, sealed) and its remaining events'
-    rows; ``events`` are consecutive (:func:`contiguous`), possibly none."""
+    """A completed run's entry in ``finalize_done``'s list of runs, or a suspended one's in
+    ``finalize_wait``'s (its fence, as an append's, and ``fields``: what the transition
+    writes, sealed) and its remaining events' rows; ``events`` are consecutive
+    (:func:`contiguous`), possibly none."""
     stored = [encode(e) for e in events]
     stamp = now.isoformat()
     run = {**_fenced_run(tenant_id, ref, stored, stamp), **fields}

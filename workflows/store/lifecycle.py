@@ -24,7 +24,7 @@ import logging
 import time
 import uuid
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
@@ -43,6 +43,7 @@ from engine.session import ContinuedAsNew, Failed, SegmentResult, Suspended
 from engine.status import AbiStatus
 from engine.storage import RunRef
 from engine.versions import move_refusal
+from workflows.conf import compact_after_events
 from workflows.crypto import open_column, seal_column, seal_json_column
 from workflows.models import (
     TERMINAL_STATUSES,
@@ -477,6 +478,8 @@ def finalize_segment(ref: RunRef, result: SegmentResult, now: datetime | None = 
     crash_point("finalize")
     if _complete_in_one_message(tenant, ref, result, now):
         return Finalized(RunStatus.DONE)
+    if _wait_in_one_message(tenant, ref, result, now):
+        return Finalized(RunStatus.READY)
     with tenant_context(tenant):
         # The fenced lock and the read of the row in one statement (FenceLost if it moved
         # on); the row is saved whole below, event_count and heartbeat_at included.
@@ -537,10 +540,17 @@ def _at(ms: int, now: datetime) -> datetime:
 
 
 def _policy(instance: WorkflowInstance, outcome: object) -> lifecycle.RunPolicy:
-    recheck = int(wait_recheck().total_seconds() * 1000)
     if not isinstance(outcome, Failed):
-        return lifecycle.RunPolicy(wait_recheck_ms=recheck)
-    return lifecycle.RunPolicy(retry=instance.definition.retry_policy, wait_recheck_ms=recheck)
+        return _wait_policy()
+    return lifecycle.RunPolicy(
+        retry=instance.definition.retry_policy, wait_recheck_ms=_wait_policy().wait_recheck_ms
+    )
+
+
+def _wait_policy() -> lifecycle.RunPolicy:
+    """The policy of an outcome that is not a failure: the store's recheck of waiting runs
+    (no retry policy: the definition is not read)."""
+    return lifecycle.RunPolicy(wait_recheck_ms=int(wait_recheck().total_seconds() * 1000))
 
 
 def apply_transition(
@@ -617,6 +627,81 @@ def _complete_in_one_message(
     if parent_id is not None:
         wake.after_commit(tenant, parent_id)  # committed already: runs at once
     return True
+
+
+def _wait_in_one_message(
+    tenant: uuid.UUID, ref: RunRef, result: SegmentResult, now: datetime
+) -> bool:
+    """The finalize of a suspended run in one round trip (``finalize_wait``, whose comment
+    in sql/postgresql.py says what it does and why it is safe). True when it was done;
+    False when it does not apply or matched nothing (nothing was written then: the general
+    path below tells the cases apart -- a fence that moved, a fold of the history due).
+
+    It applies to a suspension that consumed no signal and answered no update, with
+    consecutive events, on PostgreSQL outside a transaction. The rule's transition
+    (:func:`engine.lifecycle.suspension`) is taken both ways -- with and without an arrival
+    -- and must differ only in when the run is due; the function's read under the lock
+    chooses."""
+    outcome = result.outcome
+    if (
+        not isinstance(outcome, Suspended)
+        or result.consumed_signals
+        or result.applied_updates
+        or not contiguous(result.new_events)
+    ):
+        return False
+    conn = connections[DEFAULT_DB_ALIAS]
+    if "finalize_wait" not in queries(conn) or conn.in_atomic_block or not conn.get_autocommit():
+        return False
+    now_ms = _ms(now)
+    waiting = lifecycle.suspension(outcome, _wait_policy(), now_ms, False)
+    arrived = lifecycle.suspension(outcome, _wait_policy(), now_ms, True)
+    if (
+        replace(arrived, wake_at_ms=waiting.wake_at_ms) != waiting
+        or waiting.ended
+        or waiting.successor is not None
+        or waiting.forget_failed_call
+        or waiting.release_locks_of is not None
+    ):
+        return False
+    run_id = (ref.run_id,)
+    run, rows = group_commit.finalize_entry(
+        tenant,
+        ref,
+        result.new_events,
+        now,
+        {
+            "status": waiting.status,
+            "attempt": waiting.attempt,
+            "waiting_on": None if waiting.waiting_on is None else json.dumps(waiting.waiting_on),
+            "result": seal_column(WorkflowInstance, "result", tenant, run_id, waiting.result),
+            "error": seal_column(WorkflowInstance, "error", tenant, run_id, waiting.error),
+            "error_code": waiting.error_code,
+            "query_state": json.dumps(
+                seal_json_column(
+                    WorkflowInstance, "query_state", tenant, run_id, result.query_state
+                )
+            ),
+            "updated_at": timezone.now().isoformat(),  # as auto_now writes it
+            "wake_at": _iso(waiting.wake_at_ms, now),
+            "wake_at_arrived": _iso(arrived.wake_at_ms, now),
+            # the history's fold is the general path's (compaction.fold_locked): the
+            # function writes nothing when one is due
+            "fold_at": compact_after_events(),
+            **wake.wait_sources(outcome.wait.as_dict()),  # what cleat.wakeup_arrived reads
+        },
+    )
+    written = group_commit.finalize_waits([run], rows)
+    if ref.run_id not in written:
+        return False
+    due = written[ref.run_id]
+    if due is not None and due <= now:
+        wake.ready_after_commit(tenant, ref.run_id)  # committed already: sent at once
+    return True
+
+
+def _iso(ms: int | None, now: datetime) -> str | None:
+    return None if ms is None else _at(ms, now).isoformat()
 
 
 def completion_entry(

@@ -37,6 +37,7 @@ import time
 import uuid
 from collections.abc import Iterable, Mapping
 from datetime import datetime, timedelta
+from typing import Any
 
 from django.db import DatabaseError, connection, transaction
 from django.db.models import Q
@@ -129,6 +130,19 @@ def after_commit(tenant: uuid.UUID, instance_id: uuid.UUID | str) -> None:
     transaction.on_commit(run)
 
 
+def wait_sources(wait: Mapping[str, object]) -> dict[str, Any]:
+    """What the wait ``wait`` (a ``WaitCondition.as_dict()``) names, source by source, as
+    ``cleat.wakeup_arrived`` (sql/postgresql.py) takes them: its signals' names, the
+    children it waits for, its task call, its promise -- None for a source it does not name
+    (the function skips its read)."""
+    return {
+        "signals": list(wait.get("signals") or []) or None,  # type: ignore[call-overload]
+        "children": list(wait.get("run_ids") or []) or None,  # type: ignore[call-overload]
+        "task": wait.get("task_id") or None,
+        "promise": wait.get("promise_id") or None,
+    }
+
+
 def wakeup_arrived(instance: WorkflowInstance, wait: Mapping[str, object]) -> bool:
     """Whether something ``instance`` can be woken by has arrived: a cancellation request, a
     pending update, or what its wait names (``wait``: a ``WaitCondition.as_dict()``, as
@@ -136,34 +150,28 @@ def wakeup_arrived(instance: WorkflowInstance, wait: Mapping[str, object]) -> bo
     call's reported outcome, its settled promise.
 
     The one readiness rule: the finalize asks it about what arrived while the segment ran,
-    the wake sweep about waiting runs whose wake-up may have been lost. On PostgreSQL the
-    sources the wait needs are read in one statement (the ``arrived_*`` terms of
-    ``sql/postgresql.py``); elsewhere through the ORM, source by source."""
-    if instance.cancel_requested:
-        return True
-    names = list(wait.get("signals") or [])  # type: ignore[call-overload]
-    run_ids = list(wait.get("run_ids") or [])  # type: ignore[call-overload]
-    task_id = wait.get("task_id") or None
-    promise_id = wait.get("promise_id") or None
-    terms = queries(connection)
-    if "arrived_update" in terms:  # PostgreSQL: the sources the wait needs, in one statement
-        statement, params = terms["arrived_update"], [instance.id]
-        if names:
-            statement += terms["arrived_signal"]
-            params += [instance.id, array_literal(names)]
-        if run_ids:
-            statement += terms["arrived_child"]
-            params.append(array_literal(run_ids))
-        if task_id:
-            statement += terms["arrived_task"]
-            params.append(task_id)
-        if promise_id:
-            statement += terms["arrived_promise"]
-            params.append(promise_id)
+    the wake sweep about waiting runs whose wake-up may have been lost. On PostgreSQL it is
+    the function ``cleat.wakeup_arrived`` (sql/postgresql.py), which the one-call finalize
+    of a wait calls too; elsewhere the ORM reads the sources the wait names, one by one."""
+    named = wait_sources(wait)
+    names, run_ids = named["signals"], named["children"]
+    task_id, promise_id = named["task"], named["promise"]
+    statement = queries(connection).get("wakeup_arrived")
+    if statement is not None:
+        arguments = [
+            bool(instance.cancel_requested),
+            str(instance.id),
+            None if names is None else array_literal(names),
+            None if run_ids is None else array_literal(run_ids),
+            task_id,
+            promise_id,
+        ]
         with connection.cursor() as cursor:
-            cursor.execute(statement, params)
+            cursor.execute(statement, arguments)
             row = cursor.fetchone()
         return bool(row and row[0])
+    if instance.cancel_requested:
+        return True
     if UpdateRequest.objects.filter(
         instance_id=instance.id, status=UpdateRequest.State.PENDING
     ).exists():

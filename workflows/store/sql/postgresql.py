@@ -553,29 +553,148 @@ LOCK_FENCED_INSTANCE = (
     + " FOR NO KEY UPDATE"
 )
 
-# What can wake a waiting run, source by source (store.wake.wakeup_arrived, the one readiness
-# rule, whose ORM form the other databases take): a pending update (every wait; the SELECT
-# starts with it), then, each appended with OR when the wait names it, an unconsumed signal
-# of its names, an ended child of those it waits for, its task call's reported outcome, its
-# settled promise. One statement instead of a query compiled by the ORM for each source
-# (about 0.4 ms each), and only the terms the wait needs (all five together cost 0.3 ms more
-# to plan than one). Each reads its source by the run or by its key, under the caller's
-# tenant.
-ARRIVED_UPDATE = f"""SELECT EXISTS (SELECT 1 FROM {UpdateRequest._meta.db_table} AS u
-    WHERE u.instance_id = %s AND u.status = '{UpdateRequest.State.PENDING.value}')"""
-ARRIVED_SIGNAL = f"""
-    OR EXISTS (SELECT 1 FROM {Signal._meta.db_table} AS s
-    WHERE s.instance_id = %s AND s.consumed_at IS NULL AND s.name = ANY(%s::text[]))"""
-ARRIVED_CHILD = f"""
-    OR EXISTS (SELECT 1 FROM {WorkflowInstance._meta.db_table} AS c
-    WHERE c.id = ANY(%s::uuid[])
-      AND c.status IN ({", ".join(f"'{s}'" for s in sorted(TERMINAL_STATUSES))}))"""
-ARRIVED_TASK = f"""
-    OR EXISTS (SELECT 1 FROM {TaskCall._meta.db_table} AS k
-    WHERE k.id = %s::uuid AND k.state = '{TaskCall.State.REPORTED.value}')"""
-ARRIVED_PROMISE = f"""
-    OR EXISTS (SELECT 1 FROM {Promise._meta.db_table} AS p
-    WHERE p.id = %s AND p.status <> '{Promise.State.PENDING.value}')"""
+# What can wake a waiting run (store.wake.wakeup_arrived, the one readiness rule, whose ORM
+# form the other databases take): a cancellation request (``p_cancel``, the run's own column,
+# which the caller has read), a pending update (every wait), and, each only when the wait
+# names it (NULL otherwise, and its read is skipped), an unconsumed signal of its names, an
+# ended child of those it waits for, its task call's reported outcome, its settled promise.
+# A function, so its statement is planned once per connection; each source is read by the
+# run or by its key, under the caller's tenant (it runs as its caller). The general
+# finalize asks it after the fenced lock, and so does ``cleat.finalize_wait`` below.
+WAKEUP_ARRIVED_SIGNATURE = "cleat.wakeup_arrived(boolean, uuid, text[], uuid[], uuid, text)"
+WAKEUP_ARRIVED = (
+    "SELECT cleat.wakeup_arrived(%s::boolean, %s::uuid, %s::text[], %s::uuid[], %s::uuid, %s::text)"
+)
+
+
+def _wakeup_arrived_function() -> str:
+    terminal = ", ".join(f"'{s}'" for s in sorted(TERMINAL_STATUSES))
+    return f"""
+CREATE OR REPLACE FUNCTION cleat.wakeup_arrived(
+    p_cancel boolean, p_run uuid, p_signals text[], p_children uuid[], p_task uuid,
+    p_promise text)
+RETURNS boolean
+LANGUAGE plpgsql STABLE AS $$
+BEGIN
+    RETURN p_cancel IS TRUE
+        OR EXISTS (SELECT 1 FROM {UpdateRequest._meta.db_table} AS u
+                    WHERE u.instance_id = p_run
+                      AND u.status = '{UpdateRequest.State.PENDING.value}')
+        OR (p_signals IS NOT NULL
+            AND EXISTS (SELECT 1 FROM {Signal._meta.db_table} AS s
+                         WHERE s.instance_id = p_run AND s.consumed_at IS NULL
+                           AND s.name = ANY(p_signals)))
+        OR (p_children IS NOT NULL
+            AND EXISTS (SELECT 1 FROM {WorkflowInstance._meta.db_table} AS c
+                         WHERE c.id = ANY(p_children) AND c.status IN ({terminal})))
+        OR (p_task IS NOT NULL
+            AND EXISTS (SELECT 1 FROM {TaskCall._meta.db_table} AS k
+                         WHERE k.id = p_task AND k.state = '{TaskCall.State.REPORTED.value}'))
+        OR (p_promise IS NOT NULL
+            AND EXISTS (SELECT 1 FROM {Promise._meta.db_table} AS p
+                         WHERE p.id = p_promise
+                           AND p.status <> '{Promise.State.PENDING.value}'));
+END
+$$;
+"""
+
+
+WAKEUP_ARRIVED_FUNCTION = _wakeup_arrived_function()
+
+
+def wakeup_arrived_function_sql(role: str) -> str:
+    """The readiness rule's function (it runs as its caller, under RLS), callable by
+    ``role``."""
+    return WAKEUP_ARRIVED_FUNCTION + _invoker_grants(role, WAKEUP_ARRIVED_SIGNATURE)
+
+
+# PostgreSQL: the finalize of a segment that suspended (a wait: a timer, a signal, a child, a
+# task call, a promise), in one call instead of a transaction of six round trips (its begin,
+# the tenant, the fenced lock, the arrival check, the row's save, its commit). The store
+# applies the transition engine.lifecycle.suspension() returns both ways -- with and without
+# an arrival, which differ only in when the run is due -- and this chooses. For each run of
+# the first argument (JSON: its fence as the append's, the transition's columns, the two due
+# times, what its wait names) it sets the run's tenant (the caller's is restored at the
+# end) and takes the fenced lock of the row: owner, generation, running, the history ending
+# right before the first new event. A run whose fence does not hold is skipped, nothing of
+# it written; so is one whose history is due for a fold (engine.compaction.due(): at least
+# ``fold_at`` events not yet folded, when it is above 0), which the general path's fenced
+# lock folds. Then it reads cleat.wakeup_arrived in a statement of its own, whose snapshot
+# is taken after the lock -- the order store.wake's argument needs: a wake that committed
+# before is seen here, one that commits after finds the run waiting -- and writes the row
+# and the run's remaining events (the second argument). It returns each written run with
+# when it is due. Only in the common case (store.lifecycle._wait_in_one_message): no
+# consumed signal, no answered update.
+FINALIZE_WAIT_SIGNATURE = "cleat.finalize_wait(json, json)"
+FINALIZE_WAIT = "SELECT id, next_wake_at FROM cleat.finalize_wait(%s, %s)"
+_FINALIZE_WAIT_COLUMNS = (
+    "id uuid, tenant uuid, worker text, generation bigint, first integer, next integer, "
+    "now timestamptz, updated_at timestamptz, status text, attempt integer, "
+    "waiting_on text, result text, error text, error_code text, query_state text, "
+    "wake_at timestamptz, wake_at_arrived timestamptz, fold_at integer, signals text[], "
+    "children uuid[], task uuid, promise text"
+)
+
+
+def _finalize_wait_function() -> str:
+    instance = WorkflowInstance._meta.db_table
+    return f"""
+CREATE OR REPLACE FUNCTION cleat.finalize_wait(p_runs json, p_events json)
+RETURNS TABLE(id uuid, next_wake_at timestamptz)
+LANGUAGE plpgsql AS $$
+#variable_conflict use_column
+DECLARE
+    {_KEEP_CALLER_TENANT}
+    c record;
+    v_cancel boolean;
+    v_wake timestamptz;
+    v_written integer;
+BEGIN
+    FOR c IN SELECT * FROM json_to_recordset(p_runs) AS r({_FINALIZE_WAIT_COLUMNS})
+    LOOP
+        PERFORM set_config('{TENANT_SETTING}', c.tenant::text, true);
+        SELECT i.cancel_requested INTO v_cancel FROM {instance} AS i
+         WHERE i.id = c.id AND i.tenant_id = c.tenant AND i.generation = c.generation
+           AND i.event_count = COALESCE(c.first, i.event_count)
+           AND {_held_by("i", "c.worker")}
+           AND (c.fold_at <= 0
+                OR COALESCE(c.next, i.event_count) - i.compacted_events < c.fold_at)
+           FOR NO KEY UPDATE;
+        CONTINUE WHEN NOT FOUND;
+        v_wake := CASE WHEN cleat.wakeup_arrived(v_cancel, c.id, c.signals, c.children,
+                                                 c.task, c.promise)
+                       THEN c.wake_at_arrived ELSE c.wake_at END;
+        WITH fence AS (
+            UPDATE {instance} AS i
+               SET status = c.status, attempt = COALESCE(c.attempt, i.attempt),
+                   waiting_on = c.waiting_on::jsonb, next_wake_at = v_wake,
+                   result = c.result, error = c.error, error_code = c.error_code,
+                   query_state = c.query_state::jsonb, assigned_to = NULL,
+                   heartbeat_at = c.now, updated_at = c.updated_at,
+                   event_count = COALESCE(c.next, i.event_count)
+             WHERE i.id = c.id AND i.tenant_id = c.tenant
+            RETURNING i.id, i.tenant_id
+        ), appended AS (
+{_INSERT_FENCED_EVENTS}        )
+        SELECT count(*) INTO v_written FROM fence;
+        id := c.id;
+        next_wake_at := v_wake;
+        RETURN NEXT;
+    END LOOP;
+    {_RESTORE_CALLER_TENANT}
+END
+$$;
+"""
+
+
+FINALIZE_WAIT_FUNCTION = _finalize_wait_function()
+
+
+def finalize_wait_function_sql(role: str) -> str:
+    """The one-call finalize of a suspended segment (it runs as its caller, under RLS),
+    callable by ``role``."""
+    return FINALIZE_WAIT_FUNCTION + _invoker_grants(role, FINALIZE_WAIT_SIGNATURE)
+
 
 QUERIES = {
     "set_tenant": SET_TENANT,
@@ -592,11 +711,8 @@ QUERIES = {
     "claim_invocations": CLAIM_INVOCATIONS,
     "ready_backlog": READY_BACKLOG,
     "missed_wakes": MISSED_WAKES,
-    "arrived_update": ARRIVED_UPDATE,
-    "arrived_signal": ARRIVED_SIGNAL,
-    "arrived_child": ARRIVED_CHILD,
-    "arrived_task": ARRIVED_TASK,
-    "arrived_promise": ARRIVED_PROMISE,
+    "wakeup_arrived": WAKEUP_ARRIVED,
+    "finalize_wait": FINALIZE_WAIT,
     "notify_wake": NOTIFY_WAKE,
     "ready_insert_wakes": READY_INSERT_WAKES,
     "database_now": DATABASE_NOW,
