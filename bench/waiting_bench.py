@@ -341,7 +341,11 @@ def run(cleat: Cleat, server: Server, args: argparse.Namespace) -> int:
     for line in stopped:  # each process's writes: direct, or in shared transactions
         print(
             "  "
-            + " ".join(f for f in line.split() if f.startswith(("group_commit", "group_finalize")))
+            + " ".join(
+                f
+                for f in line.split()
+                if f.startswith(("group_commit", "group_finalize", "group_suspend"))
+            )
         )
     print(
         f"  CPU per run: worker {worker_cpu / done * 1000:.2f} ms (its start included: "

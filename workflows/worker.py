@@ -417,12 +417,14 @@ class Worker:
             self._unregister()
             close_old_connections()
             group, finalizes = group_commit.committer(), group_commit.finalizer()
+            suspends = group_commit.suspender()
             log.info(
                 "event=worker_stopped worker=%s processed=%d %s",
                 opts.worker_id,
                 self.processed,
-                f"{group.summary()} {finalizes.summary('group_finalize')}"
-                if group is not None and finalizes is not None
+                f"{group.summary()} {finalizes.summary('group_finalize')} "
+                f"{suspends.summary('group_suspend')}"
+                if group is not None and finalizes is not None and suspends is not None
                 else "group_commit=off",
             )
         return self.processed

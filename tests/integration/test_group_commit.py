@@ -512,6 +512,59 @@ def test_runs_completing_together_share_a_finalize_and_a_lost_fence_fails_alone(
     assert finalizes.totals["batches"] < 5  # shared
 
 
+def _suspended(steps: int) -> Any:
+    """A segment's result that suspends its run, waiting for the signal "go", after
+    ``steps`` new events."""
+    from engine.outcomes import SegmentResult, Suspended, WaitCondition, WaitKind
+
+    events = tuple(_event(step) for step in range(steps))
+    wait = WaitCondition(WaitKind.SIGNALS, signals=("go",))
+    return SegmentResult(Suspended(wait), events, events, {}, 0, steps)
+
+
+@pytest.mark.postgres_only  # the shared transactions are PostgreSQL's; elsewhere: direct
+def test_runs_suspending_together_share_a_finalize_and_a_lost_fence_fails_alone(
+    tenant: Any, committer: Any
+) -> None:
+    """Suspends gathered by their own group commit: one statement for several runs, each
+    with its events and its wait, the arrival read for each (one run has its signal
+    already: due at once); the run whose fence was lost is not written and fails alone."""
+    from workflows.models import RunStatus, Signal, WorkflowInstance
+    from workflows.store.lifecycle import finalize_segment
+    from workflows.tenancy import tenant_context
+
+    committer(min_rate=0, max_wait_ms=30_000)
+    suspends = group_commit.suspender()
+    assert suspends is not None
+    refs = _claimed_runs(tenant, 5, "gc")
+    lost, signalled = refs[2], refs[3]
+    with tenant_context(tenant.id):  # reaped and claimed again elsewhere meanwhile
+        WorkflowInstance.objects.filter(id=lost.run_id).update(generation=lost.generation + 1)
+        Signal.objects.create(tenant_id=tenant.id, instance_id=signalled.run_id, name="go")
+    now = _now()
+    outcome = _together(refs, lambda ref: finalize_segment(ref, _suspended(2), now).status)
+    assert isinstance(outcome.pop(lost.run_id), FenceLost)
+    assert list(outcome.values()) == [RunStatus.READY] * 4
+    assert _stored_steps(tenant, lost.run_id) == []
+    with tenant_context(tenant.id):
+        rows = {
+            str(i): (status, due, waiting)
+            for i, status, due, waiting in WorkflowInstance.objects.filter(
+                id__in=[r.run_id for r in refs]
+            ).values_list("id", "status", "next_wake_at", "waiting_on")
+        }
+    for ref in refs:
+        status, due, waiting = rows[ref.run_id]
+        if ref is lost:
+            assert status == RunStatus.RUNNING  # untouched by this worker
+            continue
+        assert _stored_steps(tenant, ref.run_id) == [0, 1]
+        assert status == RunStatus.READY and waiting["signals"] == ["go"]
+        assert (due == now) is (ref is signalled)
+    assert suspends.totals["batched"] == 5
+    assert suspends.totals["batches"] < 5  # shared
+
+
 @pytest.mark.postgres_only  # the one-call finalize is PostgreSQL's function
 def test_one_finalize_call_writes_each_tenants_matched_runs_and_nothing_of_a_lost_one(
     tenant: Any, other_tenant: Any

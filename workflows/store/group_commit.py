@@ -51,9 +51,12 @@ runs that complete while a finalize is being written are finalized together, in 
 the function ``cleat.finalize_done`` with all of them (:func:`write_finalizes`), as the appends
 are. Each run's fence is checked in the call's statement; a run that did not match is not
 written and takes the general finalize, which raises ``FenceLost`` for it alone. A finalize
-returns only after its batch committed, as an append does.
+returns only after its batch committed, as an append does. **The finalizes of suspended
+runs** (every wait: ``cleat.finalize_wait``, :func:`write_suspends`) are gathered by a third
+one, the same way.
 
-The metrics are ``cleat_group_commit_*`` (the finalizes': ``cleat_group_commit_finalize*``).
+The metrics are ``cleat_group_commit_*`` (the finalizes': ``cleat_group_commit_finalize*``;
+the suspends': ``cleat_group_commit_suspend*``).
 """
 
 from __future__ import annotations
@@ -137,6 +140,7 @@ _APPEND_METERS = dataclasses.replace(
     ),
 )
 _FINALIZE_METERS = _meters("finalizes", "finalize_", "completed runs' finalizes")
+_SUSPEND_METERS = _meters("suspends", "suspend_", "suspended runs' finalizes")
 
 
 def next_mode(batched: bool, rate: float, min_rate: float) -> bool:
@@ -218,7 +222,24 @@ class _Finalize:
         return 1
 
 
-_Item = TypeVar("_Item", _Append, _Finalize)
+@dataclass(eq=False)
+class _Suspend:
+    """A suspended run's finalize, as :func:`write_suspends` takes it: its entry in
+    ``cleat.finalize_wait``'s list of runs and its remaining events (payloads sealed)."""
+
+    ref: RunRef
+    run: dict[str, Any]
+    rows: list[dict[str, Any]]
+    done: _Done = field(default_factory=_Done)
+    committed: bool | None = None  # as _Append's
+    due: Any = None  # what the function returned for a matched run: when it is due
+
+    @property
+    def size(self) -> int:
+        return 1
+
+
+_Item = TypeVar("_Item", _Append, _Finalize, _Suspend)
 
 
 class GroupCommit(Generic[_Item]):
@@ -429,6 +450,15 @@ def finalize_runs(runs: list[dict[str, Any]], rows: list[dict[str, Any]]) -> dic
         return {str(run_id): parent for run_id, parent in cursor.fetchall()}
 
 
+def write_suspends(batch: Sequence[_Suspend]) -> set[str]:
+    """Suspended runs' finalizes in one statement (:func:`finalize_waits`). Sets each matched
+    run's ``due``; returns the ids of the runs whose fence matched (written)."""
+    due = finalize_waits([item.run for item in batch], [row for item in batch for row in item.rows])
+    for item in batch:
+        item.due = due.get(item.ref.run_id)
+    return set(due)
+
+
 def finalize_waits(runs: list[dict[str, Any]], rows: list[dict[str, Any]]) -> dict[str, Any]:
     """The statement ``finalize_wait`` (sql/postgresql.py) for suspended runs, each as
     :func:`finalize_entry` makes it with a suspension's fields, and their remaining events
@@ -513,20 +543,24 @@ def event_rows(
 
 _committer: GroupCommit[_Append] | None = None
 _finalizer: GroupCommit[_Finalize] | None = None
+_suspender: GroupCommit[_Suspend] | None = None
 _made = False
 _committer_lock = threading.Lock()
 
 
 def _make() -> None:
-    global _committer, _finalizer, _made
+    global _committer, _finalizer, _suspender, _made
     with _committer_lock:
         if not _made:
             config = Settings.from_django()
             if config.enabled:
                 _committer = GroupCommit(config)
-                # write_finalizes looked up at each write, as the appends' writer is
+                # the writers looked up at each write, as the appends' writer is
                 _finalizer = GroupCommit(
                     config, lambda batch: write_finalizes(batch), _FINALIZE_METERS
+                )
+                _suspender = GroupCommit(
+                    config, lambda batch: write_suspends(batch), _SUSPEND_METERS
                 )
             _made = True
 
@@ -547,11 +581,19 @@ def finalizer() -> GroupCommit[_Finalize] | None:
     return _finalizer
 
 
+def suspender() -> GroupCommit[_Suspend] | None:
+    """The process's group commit of suspended runs' finalizes (the same settings; its rate
+    is counted apart)."""
+    if not _made:
+        _make()
+    return _suspender
+
+
 def reset() -> None:
     """Forget the process's group commits (tests changing their settings)."""
-    global _committer, _finalizer, _made
+    global _committer, _finalizer, _suspender, _made
     with _committer_lock:
-        _committer, _finalizer, _made = None, None, False
+        _committer, _finalizer, _suspender, _made = None, None, None, False
 
 
 def append(
@@ -578,6 +620,23 @@ def finalize(
     return None if committed is None else (committed, item.parent_id)
 
 
+def suspend(
+    ref: RunRef, run: dict[str, Any], rows: list[dict[str, Any]]
+) -> tuple[bool, Any] | None:
+    """A suspended run's finalize (its :func:`finalize_entry` for ``finalize_wait``) in a
+    shared transaction, when the process suspends runs fast: (True, when it is due) when
+    committed; (False, None) when its fence did not match or its history is due for a fold
+    (nothing written: the caller's general path follows); None when not batched or its batch
+    failed -- the caller writes it directly. The caller's connection is outside a
+    transaction."""
+    group = suspender()
+    if group is None or not group.counted_batched():
+        return None
+    item = _Suspend(ref, run, rows)
+    committed = group.write(item)
+    return None if committed is None else (committed, item.due)
+
+
 __all__ = [
     "GroupCommit",
     "Settings",
@@ -590,4 +649,6 @@ __all__ = [
     "finalizer",
     "next_mode",
     "reset",
+    "suspend",
+    "suspender",
 ]

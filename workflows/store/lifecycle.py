@@ -691,10 +691,14 @@ def _wait_in_one_message(
             **wake.wait_sources(outcome.wait.as_dict()),  # what cleat.wakeup_arrived reads
         },
     )
-    written = group_commit.finalize_waits([run], rows)
-    if ref.run_id not in written:
+    # Above the group commit's rate, with the other suspends of the process in one statement.
+    shared = group_commit.suspend(ref, run, rows)
+    if shared is None:
+        written = group_commit.finalize_waits([run], rows)
+        shared = (ref.run_id in written, written.get(ref.run_id))
+    matched, due = shared
+    if not matched:
         return False
-    due = written[ref.run_id]
     if due is not None and due <= now:
         wake.ready_after_commit(tenant, ref.run_id)  # committed already: sent at once
     return True
