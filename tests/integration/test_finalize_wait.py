@@ -103,7 +103,9 @@ def test_a_suspend_is_one_message_and_leaves_the_general_paths_rows(
     with CaptureQueriesContext(connection) as seen:
         assert env.step()
     sent = [q["sql"] for q in seen]
-    # The finalize is the segment's last statement, and the only one that writes the run.
+    # The claim with the load, the wait's look for a signal, the finalize: one each.
+    assert len(sent) == 3, [q[:60] for q in sent]
+    assert "next_signal" in sent[1]
     assert "finalize_wait" in sent[-1]
     assert not any(
         "FOR NO KEY UPDATE" in q or "workflows_workflowinstance" in q for q in sent[1:-1]
@@ -243,3 +245,63 @@ def test_a_fold_due_is_left_to_the_general_path(
     with tenant_context(env.tenant.id):
         kept = WorkflowEvent.objects.filter(instance_id=run).count()
     assert kept == 3 - row["compacted_events"]  # the folded ones are in the checkpoint
+
+
+@pytest.mark.parametrize("path", ["one_call", "orm"])
+def test_the_waits_look_for_a_signal_finds_the_oldest_of_its_names_not_consumed(
+    env: DatabaseWorkflowEnvironment,
+    other_tenant: Any,
+    monkeypatch: pytest.MonkeyPatch,
+    path: str,
+) -> None:
+    """``DjangoStorage.next_signal``: one call of ``cleat.next_signal`` on PostgreSQL, the
+    ORM's read elsewhere (compared here): the run's oldest unconsumed signal of the names,
+    skipping those the segment consumed already; never another run's, another name's, a
+    consumed one, or another tenant's."""
+    from engine.storage import RunRef
+    from workflows.store import storage as storage_module
+    from workflows.store.storage import DjangoStorage
+
+    if path == "orm":
+        real = storage_module.queries
+        monkeypatch.setattr(
+            storage_module,
+            "queries",
+            lambda conn: {k: v for k, v in real(conn).items() if k != "next_signal"},
+        )
+    run, other = env.start("waiter", {}), env.start("waiter", {})
+    theirs = DatabaseWorkflowEnvironment(other_tenant)
+    try:
+        theirs.deploy("waiter", call_then_wait())
+        foreign = theirs.start("waiter", {})
+    finally:
+        theirs.close()
+    with tenant_context(other_tenant.id):
+        Signal.objects.create(tenant_id=other_tenant.id, instance_id=foreign, name="go")
+    with tenant_context(env.tenant.id):
+
+        def sent(name: str, **kw: Any) -> str:
+            made = Signal.objects.create(
+                tenant_id=env.tenant.id, instance_id=kw.pop("to", run), name=name, **kw
+            )
+            return str(made.id)
+
+        sent("go", consumed_at=env.clock.now())
+        sent("go", to=other)
+        sent("other")
+        first = sent("go", payload='{"n":1}', correlation_id="c1")
+        second = sent("stop", payload='{"n":2}')
+    storage = DjangoStorage(env.tenant.id)
+    ref = RunRef(str(env.tenant.id), "w", run)
+    with CaptureQueriesContext(connection) as seen:
+        found = storage.next_signal(ref, ["go", "stop"], [])
+    assert ("next_signal" in seen[0]["sql"]) is (path == "one_call")
+    assert found is not None
+    assert (found.signal_id, found.name, found.payload) == (first, "go", '{"n":1}')
+    assert found.correlation_id == "c1"
+    later = storage.next_signal(ref, ["go", "stop"], [first])
+    assert later is not None and (later.signal_id, later.name) == (second, "stop")
+    assert storage.next_signal(ref, ["go", "stop"], [first, second]) is None
+    assert storage.next_signal(ref, ["missing"], []) is None
+    # another tenant's run, asked for as this tenant: nothing (row-level security, the filter)
+    assert storage.next_signal(RunRef(str(env.tenant.id), "w", foreign), ["go"], []) is None

@@ -34,6 +34,7 @@ def live_definitions() -> list[str]:
         workflows_sql.finalize_done_function_sql(app_role()),
         workflows_sql.wakeup_arrived_function_sql(app_role()),
         workflows_sql.finalize_wait_function_sql(app_role()),
+        workflows_sql.next_signal_function_sql(app_role()),
         workflows_sql.load_functions_sql(app_role()),
         workflows_sql.load_claimed_functions_sql(app_role()),
         workflows_sql.run_interrupts_function_sql(app_role()),

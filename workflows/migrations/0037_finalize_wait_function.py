@@ -2,14 +2,15 @@
 is finalized in one call on PostgreSQL: ``cleat.finalize_wait(json, json)`` takes the run's
 fenced lock, reads whether something that may wake it arrived meanwhile (after the lock, in a
 statement of its own) and writes the transition the store computed both ways, with the run's
-remaining events. The general finalize took a transaction of six round trips for it. The
+remaining events. The general finalize took a transaction of seven statements for it. The
 readiness rule becomes a function, ``cleat.wakeup_arrived``, which the general finalize and
 the wake sweep call too (a statement planned once per connection instead of one composed at
-each call); both run as their caller, under row-level security, callable by the application
-role only (bench/README.md, twenty-fourth pass).
+each call); and a blocking wait's look for a signal is one call of ``cleat.next_signal``
+instead of a transaction of four statements. All three run as their caller, under row-level
+security, callable by the application role only (bench/README.md, twenty-fourth pass).
 
 The SQL is a frozen copy (a migration must not import the app's live modules); the live
-definitions are in workflows/store/sql/postgresql.py. Reversing drops both functions."""
+definitions are in workflows/store/sql/postgresql.py. Reversing drops the three functions."""
 
 from django.conf import settings
 from django.db import migrations
@@ -102,6 +103,28 @@ BEGIN
 END
 $$;
 """
+NEXT_SIGNAL_SIGNATURE = "cleat.next_signal(uuid, uuid, text[], bigint[])"
+NEXT_SIGNAL_SQL = """
+CREATE OR REPLACE FUNCTION cleat.next_signal(
+    p_tenant uuid, p_id uuid, p_names text[], p_exclude bigint[])
+RETURNS TABLE(id bigint, name varchar, payload text, correlation_id varchar)
+LANGUAGE plpgsql AS $$
+#variable_conflict use_column
+DECLARE
+    v_caller text := current_setting('cleat.tenant_id', true);
+BEGIN
+    PERFORM set_config('cleat.tenant_id', p_tenant::text, true);
+    RETURN QUERY
+    SELECT s.id, s.name, s.payload, s.correlation_id
+      FROM workflows_signal AS s
+     WHERE s.tenant_id = p_tenant AND s.instance_id = p_id AND s.consumed_at IS NULL
+       AND s.name = ANY(p_names) AND NOT (s.id = ANY(p_exclude))
+     ORDER BY s.id
+     LIMIT 1;
+    PERFORM set_config('cleat.tenant_id', COALESCE(v_caller, ''), true);
+END
+$$;
+"""
 
 
 def forwards(apps, schema_editor):
@@ -113,6 +136,7 @@ def forwards(apps, schema_editor):
         for sql, signature in (
             (WAKEUP_ARRIVED_SQL, WAKEUP_ARRIVED_SIGNATURE),
             (FINALIZE_WAIT_SQL, FINALIZE_WAIT_SIGNATURE),
+            (NEXT_SIGNAL_SQL, NEXT_SIGNAL_SIGNATURE),
         ):
             cursor.execute(sql)
             cursor.execute(f"REVOKE EXECUTE ON FUNCTION {signature} FROM PUBLIC")
@@ -123,6 +147,7 @@ def backwards(apps, schema_editor):
     if schema_editor.connection.vendor != "postgresql":
         return
     with schema_editor.connection.cursor() as cursor:
+        cursor.execute(f"DROP FUNCTION IF EXISTS {NEXT_SIGNAL_SIGNATURE}")
         cursor.execute(f"DROP FUNCTION IF EXISTS {FINALIZE_WAIT_SIGNATURE}")
         cursor.execute(f"DROP FUNCTION IF EXISTS {WAKEUP_ARRIVED_SIGNATURE}")
 

@@ -86,7 +86,7 @@ from workflows.policies import quotas_for, require_signal_auth
 from workflows.store import crons, group_commit, wake
 from workflows.store.columns import LOCKED_COLUMNS
 from workflows.store.group_commit import contiguous
-from workflows.store.sql import queries
+from workflows.store.sql import array_literal, queries
 from workflows.tenancy import tenant_context
 
 
@@ -553,20 +553,39 @@ class DjangoStorage:
     def next_signal(
         self, run: RunRef, names: Sequence[str], exclude: Collection[str]
     ) -> SignalMessage | None:
+        """The run's oldest unconsumed signal of ``names`` not in ``exclude`` (the ones the
+        segment consumed already): on PostgreSQL outside a transaction one call of
+        ``cleat.next_signal`` (one round trip instead of a transaction of four), elsewhere
+        the ORM's read in the tenant's transaction."""
         excluded = [int(x) for x in exclude if x.isdigit()]
-        with tenant_context(self.tenant_id):
-            row = (
-                Signal.objects.filter(
-                    tenant_id=self.tenant_id,
-                    instance_id=run.run_id,
-                    consumed_at__isnull=True,
-                    name__in=list(names),
+        sql = queries(connection).get("next_signal")
+        row: Sequence[Any] | None
+        if sql is not None and not connection.in_atomic_block:
+            with connection.cursor() as cursor:
+                cursor.execute(
+                    sql,
+                    [
+                        str(self.tenant_id),
+                        run.run_id,
+                        array_literal(names),
+                        array_literal(excluded),
+                    ],
                 )
-                .exclude(id__in=excluded)
-                .order_by("id")
-                .values_list("id", "name", "payload", "correlation_id")
-                .first()
-            )
+                row = cursor.fetchone()
+        else:
+            with tenant_context(self.tenant_id):
+                row = (
+                    Signal.objects.filter(
+                        tenant_id=self.tenant_id,
+                        instance_id=run.run_id,
+                        consumed_at__isnull=True,
+                        name__in=list(names),
+                    )
+                    .exclude(id__in=excluded)
+                    .order_by("id")
+                    .values_list("id", "name", "payload", "correlation_id")
+                    .first()
+                )
         if row is None:
             return None
         payload = open_column(Signal, "payload", self.tenant_id, (run.run_id,), row[2]) or ""

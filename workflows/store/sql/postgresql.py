@@ -381,6 +381,41 @@ LANGUAGE plpgsql AS $$
 
 RUN_INTERRUPTS_FUNCTION = _run_interrupts_function()
 
+# A blocking wait's look for a signal (store.storage.DjangoStorage.next_signal): the oldest
+# unconsumed signal of the run with one of the names, not one of those the segment consumed
+# already, read as the run's tenant in one call (one round trip instead of a transaction of
+# four: its begin, the tenant, the read, its commit). It runs as its caller, under RLS.
+NEXT_SIGNAL = "SELECT id, name, payload, correlation_id FROM cleat.next_signal(%s, %s, %s, %s)"
+NEXT_SIGNAL_SIGNATURE = "cleat.next_signal(uuid, uuid, text[], bigint[])"
+
+
+def _next_signal_function() -> str:
+    signals = Signal._meta.db_table
+    return f"""
+CREATE OR REPLACE FUNCTION cleat.next_signal(
+    p_tenant uuid, p_id uuid, p_names text[], p_exclude bigint[])
+RETURNS TABLE(id bigint, name varchar, payload text, correlation_id varchar)
+LANGUAGE plpgsql AS $$
+{_AS_RUNS_TENANT_BEGIN}
+    RETURN QUERY
+    SELECT s.id, s.name, s.payload, s.correlation_id
+      FROM {signals} AS s
+     WHERE s.tenant_id = p_tenant AND s.instance_id = p_id AND s.consumed_at IS NULL
+       AND s.name = ANY(p_names) AND NOT (s.id = ANY(p_exclude))
+     ORDER BY s.id
+     LIMIT 1;
+{_AS_RUNS_TENANT_END}
+"""
+
+
+NEXT_SIGNAL_FUNCTION = _next_signal_function()
+
+
+def next_signal_function_sql(role: str) -> str:
+    """A blocking wait's look for a signal (it runs as its caller, under RLS), callable by
+    ``role``."""
+    return NEXT_SIGNAL_FUNCTION + _invoker_grants(role, NEXT_SIGNAL_SIGNATURE)
+
 
 def run_interrupts_function_sql(role: str) -> str:
     """The blocking call's read (it runs as its caller, under RLS), callable by ``role``."""
@@ -702,6 +737,7 @@ QUERIES = {
     "load_run": _LOAD_SQL,
     "lock_fenced_instance": LOCK_FENCED_INSTANCE,
     "run_interrupts": RUN_INTERRUPTS,
+    "next_signal": NEXT_SIGNAL,
     "finalize_done": FINALIZE_DONE,
     "claim_ready": CLAIM_READY,
     "claim_and_load": CLAIM_AND_LOAD,
