@@ -258,7 +258,7 @@ def test_finalizes_share_a_batch_and_each_gets_its_own_answer(monkeypatch: Any) 
         batches.append([item.ref.run_id for item in batch])
         time.sleep(0.2)
         for item in batch:
-            item.parent_id = f"parent-of-{item.ref.run_id}"
+            item.answer = f"parent-of-{item.ref.run_id}"
         return {item.ref.run_id for item in batch} - {"run-2"}
 
     monkeypatch.setattr(group_commit, "write_finalizes", written)

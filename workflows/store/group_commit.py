@@ -207,39 +207,26 @@ class _Append:
 
 @dataclass(eq=False)
 class _Finalize:
-    """A completed run's finalize, as :func:`write_finalizes` takes it: its entry in
-    ``cleat.finalize_done``'s list of runs and its remaining events (payloads sealed)."""
+    """A run's one-call finalize, as :func:`write_finalizes` (completed runs,
+    ``cleat.finalize_done``) or :func:`write_suspends` (suspended runs,
+    ``cleat.finalize_wait``) takes it: its entry in the function's list of runs and its
+    remaining events (payloads sealed)."""
 
     ref: RunRef
     run: dict[str, Any]
     rows: list[dict[str, Any]]
     done: _Done = field(default_factory=_Done)
     committed: bool | None = None  # as _Append's
-    parent_id: Any = None  # what the function returned for a matched run: its parent, if any
+    # What the function returned for a matched run: its parent, if any (finalize_done);
+    # when it is due, if ever (finalize_wait).
+    answer: Any = None
 
     @property
     def size(self) -> int:
         return 1
 
 
-@dataclass(eq=False)
-class _Suspend:
-    """A suspended run's finalize, as :func:`write_suspends` takes it: its entry in
-    ``cleat.finalize_wait``'s list of runs and its remaining events (payloads sealed)."""
-
-    ref: RunRef
-    run: dict[str, Any]
-    rows: list[dict[str, Any]]
-    done: _Done = field(default_factory=_Done)
-    committed: bool | None = None  # as _Append's
-    due: Any = None  # what the function returned for a matched run: when it is due
-
-    @property
-    def size(self) -> int:
-        return 1
-
-
-_Item = TypeVar("_Item", _Append, _Finalize, _Suspend)
+_Item = TypeVar("_Item", _Append, _Finalize)
 
 
 class GroupCommit(Generic[_Item]):
@@ -431,12 +418,13 @@ def _write_appends(batch: list[Any]) -> set[str]:
 
 def write_finalizes(batch: Sequence[_Finalize]) -> set[str]:
     """Completed runs' finalizes in one statement (:func:`finalize_runs`). Sets each matched
-    run's ``parent_id``; returns the ids of the runs whose fence matched (written)."""
+    run's ``answer`` (its parent's id); returns the ids of the runs whose fence matched
+    (written)."""
     parents = finalize_runs(
         [item.run for item in batch], [row for item in batch for row in item.rows]
     )
     for item in batch:
-        item.parent_id = parents.get(item.ref.run_id)
+        item.answer = parents.get(item.ref.run_id)
     return set(parents)
 
 
@@ -450,12 +438,12 @@ def finalize_runs(runs: list[dict[str, Any]], rows: list[dict[str, Any]]) -> dic
         return {str(run_id): parent for run_id, parent in cursor.fetchall()}
 
 
-def write_suspends(batch: Sequence[_Suspend]) -> set[str]:
+def write_suspends(batch: Sequence[_Finalize]) -> set[str]:
     """Suspended runs' finalizes in one statement (:func:`finalize_waits`). Sets each matched
-    run's ``due``; returns the ids of the runs whose fence matched (written)."""
+    run's ``answer`` (when it is due); returns the ids of the runs whose fence matched (written)."""
     due = finalize_waits([item.run for item in batch], [row for item in batch for row in item.rows])
     for item in batch:
-        item.due = due.get(item.ref.run_id)
+        item.answer = due.get(item.ref.run_id)
     return set(due)
 
 
@@ -543,7 +531,7 @@ def event_rows(
 
 _committer: GroupCommit[_Append] | None = None
 _finalizer: GroupCommit[_Finalize] | None = None
-_suspender: GroupCommit[_Suspend] | None = None
+_suspender: GroupCommit[_Finalize] | None = None
 _made = False
 _committer_lock = threading.Lock()
 
@@ -581,7 +569,7 @@ def finalizer() -> GroupCommit[_Finalize] | None:
     return _finalizer
 
 
-def suspender() -> GroupCommit[_Suspend] | None:
+def suspender() -> GroupCommit[_Finalize] | None:
     """The process's group commit of suspended runs' finalizes (the same settings; its rate
     is counted apart)."""
     if not _made:
@@ -617,7 +605,7 @@ def finalize(
         return None
     item = _Finalize(ref, run, rows)
     committed = group.write(item)
-    return None if committed is None else (committed, item.parent_id)
+    return None if committed is None else (committed, item.answer)
 
 
 def suspend(
@@ -632,9 +620,9 @@ def suspend(
     group = suspender()
     if group is None or not group.counted_batched():
         return None
-    item = _Suspend(ref, run, rows)
+    item = _Finalize(ref, run, rows)
     committed = group.write(item)
-    return None if committed is None else (committed, item.due)
+    return None if committed is None else (committed, item.answer)
 
 
 __all__ = [
