@@ -15,7 +15,9 @@ due at one instant drain quickly. PostgreSQL, the worker as the application role
    start (a worker already running when timers fall due has paid its start: Django, the
    checks, the connection), each process's group-commit totals, and the CPU per run of its
    processes (their start included) and of the local PostgreSQL server. Goal (issue 16):
-   2,000 runs/s.
+   2,000 runs/s. Then ``--signal-waits`` runs (default 2,000; 0: none) each wait for a
+   signal that does not come: the rate, CPU and WAL of their first segments, which look for
+   the signal and suspend.
 2. **Many waiting runs.** The database then holds ``--waiting`` runs that wait (copies of
    the sleeping runs' rows with their histories, each due when the lifecycle set it). A
    worker polls beside them for ``--watch`` seconds; the bench prints its resident memory
@@ -58,6 +60,24 @@ SLEEPER_WAT = r"""
     (local.get $p))
   (func (export "run") (param $ptr i32) (param $len i32) (result i64)
     (drop (call $sleep (i64.const SLEEP_MS)))
+    (i64.or (i64.shl (i64.const 64) (i64.const 32)) (i64.const 5))))
+"""
+
+# Waits up to a day for the signal "go", then completes with `true`.
+SIGNAL_WAITER_WAT = r"""
+(module
+  (import "env" "durable_await_signals" (func $await (param i32 i32 i64) (result i64)))
+  (memory (export "memory") 1)
+  (global $heap (mut i32) (i32.const 1024))
+  (data (i32.const 64) "\00true")
+  (data (i32.const 128) "[\"go\"]")
+  (func (export "cleat_alloc") (param $n i32) (result i32)
+    (local $p i32)
+    (local.set $p (global.get $heap))
+    (global.set $heap (i32.add (local.get $p) (local.get $n)))
+    (local.get $p))
+  (func (export "run") (param $ptr i32) (param $len i32) (result i64)
+    (drop (call $await (i32.const 128) (i32.const 6) (i64.const 86400000)))
     (i64.or (i64.shl (i64.const 64) (i64.const 32)) (i64.const 5))))
 """
 
@@ -126,6 +146,56 @@ def copy_rows(cleat: Cleat, copies: int, batch: int = 5000) -> None:
             WorkflowEvent.objects.bulk_create(rows)
         made += len(runs)
         print(f"  {made:,}/{copies:,} waiting runs copied", flush=True)
+
+
+def first_segments(
+    cleat: Cleat, server: Server, args: argparse.Namespace, runs: int, log: str
+) -> tuple[float, float, float, ServerCounters]:
+    """One ``runworker --burst`` over the ``runs`` runs just started (each suspends in its
+    first segment): its seconds from the spawn, the worker's and the server's CPU seconds
+    and the server's WAL counters meanwhile. Exits with the log's tail when not every run
+    ended up waiting."""
+    started = time.monotonic()
+    cpu, server_cpu, counters = (
+        children_cpu_seconds(),
+        database_cpu_seconds(),
+        ServerCounters.read(server),
+    )
+    first = cleat.runworker(
+        "--concurrency",
+        str(args.threads),
+        "--processes",
+        str(args.processes),
+        "--burst",
+        log=log,
+    )
+    first.wait(timeout=3600)
+    seconds = time.monotonic() - started
+    cpu, server_cpu = children_cpu_seconds() - cpu, database_cpu_seconds() - server_cpu
+    counters = ServerCounters.read(server) - counters
+    got = counts(cleat)
+    if got["waiting"] != runs:
+        tail = (cleat.logdir / log).read_text()[-3000:]
+        raise SystemExit(f"the first segments did not all run: {got}\n{tail}")
+    return seconds, cpu, server_cpu, counters
+
+
+def print_first_segments(
+    what: str,
+    args: argparse.Namespace,
+    runs: int,
+    measured: tuple[float, float, float, ServerCounters],
+    extra: str = "",
+) -> None:
+    seconds, cpu, server_cpu, counters = measured
+    per = max(1, runs)
+    print(
+        f"first segments ({what}): {runs / seconds:,.0f} runs/s from the spawn, "
+        f"{args.processes} process(es) x {args.threads} threads; CPU per run: worker "
+        f"{cpu / per * 1000:.2f} ms (its start included), PostgreSQL server "
+        f"{server_cpu / per * 1000:.2f} ms; WAL per run {counters.wal_records / per:.1f} "
+        f"records, {counters.wal_bytes / per / 1024:,.1f} KB{extra}"
+    )
 
 
 def counts(cleat: Cleat) -> dict[str, Any]:
@@ -210,6 +280,13 @@ def main() -> int:
         " stored once, not written again at each of its waits",
     )
     parser.add_argument(
+        "--signal-waits",
+        type=int,
+        default=2000,
+        help="runs that wait for a signal, whose first segments are measured after the drain"
+        " (0: none)",
+    )
+    parser.add_argument(
         "--claim-ahead",
         default="auto",
         help="the drain's runworker --claim-ahead (default auto, runworker's default)",
@@ -217,6 +294,8 @@ def main() -> int:
     args = parser.parse_args()
     if args.input_kb < 0:
         parser.error(f"--input-kb must be 0 or more, not {args.input_kb}")
+    if args.signal_waits < 0:
+        parser.error(f"--signal-waits must be 0 or more, not {args.signal_waits}")
     print(f"load average {' '.join(f'{x:.1f}' for x in os.getloadavg())}")
     server = Server(args.pg)
     with tempfile.TemporaryDirectory(prefix="cleat-waiting-bench-") as logdir:
@@ -252,38 +331,12 @@ def run(cleat: Cleat, server: Server, args: argparse.Namespace) -> int:
         start_workflow(cleat.tenant, "sleeper", payload)
     connections.close_all()
     started = time.monotonic()
-    cpu, server_cpu, counters = (
-        children_cpu_seconds(),
-        database_cpu_seconds(),
-        ServerCounters.read(server),
-    )
-    first = cleat.runworker(
-        "--concurrency",
-        str(args.threads),
-        "--processes",
-        str(args.processes),
-        "--burst",
-        log="first-segments.log",
-    )
-    first.wait(timeout=3600)
-    asleep_s = time.monotonic() - started
-    cpu, server_cpu = children_cpu_seconds() - cpu, database_cpu_seconds() - server_cpu
-    counters = ServerCounters.read(server) - counters
-    got = counts(cleat)
-    if got["waiting"] != args.timers:
-        log = (cleat.logdir / "first-segments.log").read_text()[-3000:]
-        raise SystemExit(f"the first segments did not all run: {got}\n{log}")
+    measured = first_segments(cleat, server, args, args.timers, "first-segments.log")
     print(f"{args.timers} runs started in {started - began:.0f} s")
-    # Each first segment suspends on its timer: the general finalize (the lock, the wake-up
-    # check, the run's row saved), the path of every segment that waits.
-    runs = max(1, args.timers)
-    print(
-        f"first segments (each suspends on its timer): {args.timers / asleep_s:,.0f} runs/s "
-        f"from the spawn, {args.processes} process(es) x {args.threads} threads; CPU per run: "
-        f"worker {cpu / runs * 1000:.2f} ms (its start included), PostgreSQL server "
-        f"{server_cpu / runs * 1000:.2f} ms; WAL per run {counters.wal_records / runs:.1f} "
-        f"records, {counters.wal_bytes / runs / 1024:,.1f} KB (input "
-        f"{args.input_kb} KB)"
+    # Each first segment suspends on its timer: the finalize of a wait (on PostgreSQL one
+    # call of cleat.finalize_wait), the path of every segment that waits.
+    print_first_segments(
+        "each suspends on its timer", args, args.timers, measured, f" (input {args.input_kb} KB)"
     )
     from django.db.models import Max
 
@@ -351,6 +404,16 @@ def run(cleat: Cleat, server: Server, args: argparse.Namespace) -> int:
         f"  CPU per run: worker {worker_cpu / done * 1000:.2f} ms (its start included: "
         f"{worker_cpu:.2f} s in all), PostgreSQL server {server_cpu / done * 1000:.2f} ms"
     )
+
+    # 1b. Runs that wait for a signal: each first segment looks for one (none has come) and
+    # suspends on the wait.
+    if args.signal_waits:
+        deploy_definition(cleat.tenant, "signal_waiter", wasmtime.wat2wasm(SIGNAL_WAITER_WAT))
+        for _ in range(args.signal_waits):
+            start_workflow(cleat.tenant, "signal_waiter", None)
+        connections.close_all()
+        measured = first_segments(cleat, server, args, args.signal_waits, "signal-waits.log")
+        print_first_segments("each waits for a signal", args, args.signal_waits, measured)
 
     # 2. Many waiting runs: an idle worker's memory beside an empty table, then beside them.
     server.psql(
