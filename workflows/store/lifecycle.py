@@ -653,9 +653,9 @@ def _wait_in_one_message(
     conn = connections[DEFAULT_DB_ALIAS]
     if "finalize_wait" not in queries(conn) or conn.in_atomic_block or not conn.get_autocommit():
         return False
-    now_ms = _ms(now)
-    waiting = lifecycle.suspension(outcome, _wait_policy(), now_ms, False)
-    arrived = lifecycle.suspension(outcome, _wait_policy(), now_ms, True)
+    now_ms, policy = _ms(now), _wait_policy()
+    waiting = lifecycle.suspension(outcome, policy, now_ms, False)
+    arrived = lifecycle.suspension(outcome, policy, now_ms, True)
     if (
         replace(arrived, wake_at_ms=waiting.wake_at_ms) != waiting
         or waiting.ended
