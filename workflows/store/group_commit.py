@@ -420,12 +420,25 @@ def write_finalizes(batch: Sequence[_Finalize]) -> set[str]:
     """Completed runs' finalizes in one statement (:func:`finalize_runs`). Sets each matched
     run's ``answer`` (its parent's id); returns the ids of the runs whose fence matched
     (written)."""
-    parents = finalize_runs(
-        [item.run for item in batch], [row for item in batch for row in item.rows]
-    )
+    return _answered(batch, finalize_runs(*_arguments(batch)))
+
+
+def write_suspends(batch: Sequence[_Finalize]) -> set[str]:
+    """Suspended runs' finalizes in one statement (:func:`finalize_waits`). Sets each matched
+    run's ``answer`` (when it is due); returns the ids of the runs whose fence matched
+    (written)."""
+    return _answered(batch, finalize_waits(*_arguments(batch)))
+
+
+def _arguments(batch: Sequence[_Finalize]) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """A batch's runs and their remaining events, as the one-call finalizes take them."""
+    return [item.run for item in batch], [row for item in batch for row in item.rows]
+
+
+def _answered(batch: Sequence[_Finalize], answers: dict[str, Any]) -> set[str]:
     for item in batch:
-        item.answer = parents.get(item.ref.run_id)
-    return set(parents)
+        item.answer = answers.get(item.ref.run_id)
+    return set(answers)
 
 
 def finalize_runs(runs: list[dict[str, Any]], rows: list[dict[str, Any]]) -> dict[str, Any]:
@@ -433,18 +446,7 @@ def finalize_runs(runs: list[dict[str, Any]], rows: list[dict[str, Any]]) -> dic
     :func:`finalize_entry` makes it, and their remaining events ``rows``: one transaction
     unless the caller is in one. Returns each run whose fence matched (written), by id, with
     its parent's id (None for none)."""
-    with connection.cursor() as cursor:
-        cursor.execute(queries(connection)["finalize_done"], [_json(runs), _json(rows)])
-        return {str(run_id): parent for run_id, parent in cursor.fetchall()}
-
-
-def write_suspends(batch: Sequence[_Finalize]) -> set[str]:
-    """Suspended runs' finalizes in one statement (:func:`finalize_waits`). Sets each matched
-    run's ``answer`` (when it is due); returns the ids of the runs whose fence matched (written)."""
-    due = finalize_waits([item.run for item in batch], [row for item in batch for row in item.rows])
-    for item in batch:
-        item.answer = due.get(item.ref.run_id)
-    return set(due)
+    return _one_call("finalize_done", runs, rows)
 
 
 def finalize_waits(runs: list[dict[str, Any]], rows: list[dict[str, Any]]) -> dict[str, Any]:
@@ -452,9 +454,15 @@ def finalize_waits(runs: list[dict[str, Any]], rows: list[dict[str, Any]]) -> di
     :func:`finalize_entry` makes it with a suspension's fields, and their remaining events
     ``rows``: one transaction unless the caller is in one. Returns each run whose fence
     matched (written), by id, with when it is due (None: waits until woken)."""
+    return _one_call("finalize_wait", runs, rows)
+
+
+def _one_call(name: str, runs: list[dict[str, Any]], rows: list[dict[str, Any]]) -> dict[str, Any]:
+    """The one-call finalize ``name`` (its two JSON arguments): each matched run's id, with
+    the second column the function returns for it."""
     with connection.cursor() as cursor:
-        cursor.execute(queries(connection)["finalize_wait"], [_json(runs), _json(rows)])
-        return {str(run_id): due for run_id, due in cursor.fetchall()}
+        cursor.execute(queries(connection)[name], [_json(runs), _json(rows)])
+        return {str(run_id): answer for run_id, answer in cursor.fetchall()}
 
 
 def finalize_entry(
@@ -600,12 +608,7 @@ def finalize(
     None) when its fence did not match (nothing written: the caller's general path tells
     why); None when not batched or its batch failed -- the caller writes it directly. The
     caller's connection is outside a transaction."""
-    group = finalizer()
-    if group is None or not group.counted_batched():
-        return None
-    item = _Finalize(ref, run, rows)
-    committed = group.write(item)
-    return None if committed is None else (committed, item.answer)
+    return _shared(finalizer(), ref, run, rows)
 
 
 def suspend(
@@ -617,7 +620,16 @@ def suspend(
     (nothing written: the caller's general path follows); None when not batched or its batch
     failed -- the caller writes it directly. The caller's connection is outside a
     transaction."""
-    group = suspender()
+    return _shared(suspender(), ref, run, rows)
+
+
+def _shared(
+    group: GroupCommit[_Finalize] | None,
+    ref: RunRef,
+    run: dict[str, Any],
+    rows: list[dict[str, Any]],
+) -> tuple[bool, Any] | None:
+    """A one-call finalize through ``group`` (:func:`finalize`, :func:`suspend`)."""
     if group is None or not group.counted_batched():
         return None
     item = _Finalize(ref, run, rows)

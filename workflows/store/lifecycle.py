@@ -23,7 +23,7 @@ import json
 import logging
 import time
 import uuid
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime, timedelta
 from typing import Any
@@ -615,13 +615,9 @@ def _complete_in_one_message(
     if entry is None:
         return False
     run, rows = entry
-    # Above the group commit's rate, with the finalizes of the process's other completed runs
-    # in one statement.
-    shared = group_commit.finalize(ref, run, rows)
-    if shared is None:
-        parents = group_commit.finalize_runs([run], rows)
-        shared = (ref.run_id in parents, parents.get(ref.run_id))
-    matched, parent_id = shared
+    matched, parent_id = _in_one_call(
+        ref, run, rows, group_commit.finalize, group_commit.finalize_runs
+    )
     if not matched:
         return False
     if parent_id is not None:
@@ -688,20 +684,33 @@ def _wait_in_one_message(
             # the history's fold is the general path's (compaction.fold_locked): the
             # function writes nothing when one is due
             "fold_at": compact_after_events(),
-            **wake.wait_sources(outcome.wait.as_dict()),  # what cleat.wakeup_arrived reads
+            **wake.wait_sources(waiting.waiting_on or {}),  # what cleat.wakeup_arrived reads
         },
     )
-    # Above the group commit's rate, with the other suspends of the process in one statement.
-    shared = group_commit.suspend(ref, run, rows)
-    if shared is None:
-        written = group_commit.finalize_waits([run], rows)
-        shared = (ref.run_id in written, written.get(ref.run_id))
-    matched, due = shared
+    matched, due = _in_one_call(ref, run, rows, group_commit.suspend, group_commit.finalize_waits)
     if not matched:
         return False
     if due is not None and due <= now:
         wake.ready_after_commit(tenant, ref.run_id)  # committed already: sent at once
     return True
+
+
+def _in_one_call(
+    ref: RunRef,
+    run: dict[str, Any],
+    rows: list[dict[str, Any]],
+    shared: Callable[[RunRef, dict[str, Any], list[dict[str, Any]]], tuple[bool, Any] | None],
+    alone: Callable[[list[dict[str, Any]], list[dict[str, Any]]], dict[str, Any]],
+) -> tuple[bool, Any]:
+    """A one-call finalize of ``ref``'s run: above the group commit's rate ``shared`` with
+    the process's other runs of its kind in one statement (group_commit.finalize,
+    group_commit.suspend), else ``alone``. (Whether it matched, what the function answered
+    for it.)"""
+    written = shared(ref, run, rows)
+    if written is None:
+        answers = alone([run], rows)
+        written = (ref.run_id in answers, answers.get(ref.run_id))
+    return written
 
 
 def _iso(ms: int | None, now: datetime) -> str | None:

@@ -56,6 +56,10 @@ END
 $$;"""
 
 
+# The terminal statuses as a SQL list (``status IN (...)``).
+_TERMINAL = ", ".join(f"'{s}'" for s in sorted(TERMINAL_STATUSES))
+
+
 def _held_by(run: str, worker: str) -> str:
     """The fence's test that the run ``run`` (a table alias) is ``worker``'s and running --
     the append's, the finalize's and the loads' -- each comparison wrapped in ``IS TRUE``
@@ -381,6 +385,12 @@ LANGUAGE plpgsql AS $$
 
 RUN_INTERRUPTS_FUNCTION = _run_interrupts_function()
 
+
+def run_interrupts_function_sql(role: str) -> str:
+    """The blocking call's read (it runs as its caller, under RLS), callable by ``role``."""
+    return RUN_INTERRUPTS_FUNCTION + _invoker_grants(role, RUN_INTERRUPTS_SIGNATURE)
+
+
 # A blocking wait's look for a signal (store.storage.DjangoStorage.next_signal): the oldest
 # unconsumed signal of the run with one of the names, not one of those the segment consumed
 # already, read as the run's tenant in one call (one round trip instead of a transaction of
@@ -415,11 +425,6 @@ def next_signal_function_sql(role: str) -> str:
     """A blocking wait's look for a signal (it runs as its caller, under RLS), callable by
     ``role``."""
     return NEXT_SIGNAL_FUNCTION + _invoker_grants(role, NEXT_SIGNAL_SIGNATURE)
-
-
-def run_interrupts_function_sql(role: str) -> str:
-    """The blocking call's read (it runs as its caller, under RLS), callable by ``role``."""
-    return RUN_INTERRUPTS_FUNCTION + _invoker_grants(role, RUN_INTERRUPTS_SIGNATURE)
 
 
 # PostgreSQL: the finalize of runs that completed, in one call of the function below (one
@@ -458,7 +463,6 @@ def _finalize_done_function() -> str:
     instance = WorkflowInstance._meta.db_table
     updates = UpdateRequest._meta.db_table
     locks = ConcurrencyKey._meta.db_table
-    terminal = ", ".join(f"'{s}'" for s in sorted(TERMINAL_STATUSES))
     failed, pending = (
         f"'{s.value}'" for s in (UpdateRequest.State.FAILED, UpdateRequest.State.PENDING)
     )
@@ -489,7 +493,7 @@ BEGIN
                AND i.event_count = COALESCE(c.first, i.event_count)
                AND {_held_by("i", "c.worker")}
                AND NOT EXISTS (SELECT 1 FROM {instance} AS k
-                                WHERE k.parent_id = i.id AND k.status NOT IN ({terminal}))
+                                WHERE k.parent_id = i.id AND k.status NOT IN ({_TERMINAL}))
             RETURNING i.id, i.tenant_id, i.parent_id, c.lock_holder
         ), appended AS (
 {_INSERT_FENCED_EVENTS}        ), released AS (
@@ -603,7 +607,6 @@ WAKEUP_ARRIVED = (
 
 
 def _wakeup_arrived_function() -> str:
-    terminal = ", ".join(f"'{s}'" for s in sorted(TERMINAL_STATUSES))
     return f"""
 CREATE OR REPLACE FUNCTION cleat.wakeup_arrived(
     p_cancel boolean, p_run uuid, p_signals text[], p_children uuid[], p_task uuid,
@@ -621,7 +624,7 @@ BEGIN
                            AND s.name = ANY(p_signals)))
         OR (p_children IS NOT NULL
             AND EXISTS (SELECT 1 FROM {WorkflowInstance._meta.db_table} AS c
-                         WHERE c.id = ANY(p_children) AND c.status IN ({terminal})))
+                         WHERE c.id = ANY(p_children) AND c.status IN ({_TERMINAL})))
         OR (p_task IS NOT NULL
             AND EXISTS (SELECT 1 FROM {TaskCall._meta.db_table} AS k
                          WHERE k.id = p_task AND k.state = '{TaskCall.State.REPORTED.value}'))
@@ -644,14 +647,14 @@ def wakeup_arrived_function_sql(role: str) -> str:
 
 
 # PostgreSQL: the finalize of a segment that suspended (a wait: a timer, a signal, a child, a
-# task call, a promise), in one call instead of a transaction of six round trips (its begin,
-# the tenant, the fenced lock, the arrival check, the row's save, its commit). The store
-# applies the transition engine.lifecycle.suspension() returns both ways -- with and without
-# an arrival, which differ only in when the run is due -- and this chooses. For each run of
-# the first argument (JSON: its fence as the append's, the transition's columns, the two due
-# times, what its wait names) it sets the run's tenant (the caller's is restored at the
-# end) and takes the fenced lock of the row: owner, generation, running, the history ending
-# right before the first new event. A run whose fence does not hold is skipped, nothing of
+# task call, a promise), in one call instead of a transaction of seven statements (its
+# begin, the tenant, the fenced lock, the events' insert, the arrival check, the row's save,
+# its commit). The store applies the transition engine.lifecycle.suspension() returns both
+# ways -- with and without an arrival, which differ only in when the run is due -- and this
+# chooses. For each run of the first argument (JSON: its fence as the append's, the
+# transition's columns, the two due times, what its wait names) it sets the run's tenant
+# (the caller's is restored at the end) and takes the fenced lock of the row: owner,
+# generation, running, the history ending right before the first new event. A run whose fence does not hold is skipped, nothing of
 # it written; so is one whose history is due for a fold (engine.compaction.due(): at least
 # ``fold_at`` events not yet folded, when it is above 0), which the general path's fenced
 # lock folds. Then it reads cleat.wakeup_arrived in a statement of its own, whose snapshot
