@@ -646,23 +646,23 @@ def wakeup_arrived_function_sql(role: str) -> str:
     return WAKEUP_ARRIVED_FUNCTION + _invoker_grants(role, WAKEUP_ARRIVED_SIGNATURE)
 
 
-# PostgreSQL: the finalize of a segment that suspended (a wait: a timer, a signal, a child, a
-# task call, a promise), in one call instead of a transaction of seven statements (its
+# PostgreSQL: the finalize of a segment that suspended (a wait: a timer, a signal, a child,
+# a task call, a promise), in one call instead of a transaction of seven statements (its
 # begin, the tenant, the fenced lock, the events' insert, the arrival check, the row's save,
 # its commit). The store applies the transition engine.lifecycle.suspension() returns both
 # ways -- with and without an arrival, which differ only in when the run is due -- and this
 # chooses. For each run of the first argument (JSON: its fence as the append's, the
 # transition's columns, the two due times, what its wait names) it sets the run's tenant
 # (the caller's is restored at the end) and takes the fenced lock of the row: owner,
-# generation, running, the history ending right before the first new event. A run whose fence does not hold is skipped, nothing of
-# it written; so is one whose history is due for a fold (engine.compaction.due(): at least
-# ``fold_at`` events not yet folded, when it is above 0), which the general path's fenced
-# lock folds. Then it reads cleat.wakeup_arrived in a statement of its own, whose snapshot
-# is taken after the lock -- the order store.wake's argument needs: a wake that committed
-# before is seen here, one that commits after finds the run waiting -- and writes the row
-# and the run's remaining events (the second argument). It returns each written run with
-# when it is due. Only in the common case (store.lifecycle._wait_in_one_message): no
-# consumed signal, no answered update.
+# generation, running, the history ending right before the first new event. A run whose
+# fence does not hold is skipped, nothing of it written; so is one whose history is due for
+# a fold (engine.compaction.due(): at least ``fold_at`` events not yet folded, when it is
+# above 0), which the general path's fenced lock folds. Then it reads cleat.wakeup_arrived
+# in a statement of its own, whose snapshot is taken after the lock -- the order
+# store.wake's argument needs: a wake that committed before is seen here, one that commits
+# after finds the run waiting -- and writes the row and the run's remaining events (the
+# second argument). It returns each written run with when it is due. Only in the common case
+# (store.lifecycle._wait_in_one_message): no consumed signal, no answered update.
 FINALIZE_WAIT_SIGNATURE = "cleat.finalize_wait(json, json)"
 FINALIZE_WAIT = "SELECT id, next_wake_at FROM cleat.finalize_wait(%s, %s)"
 _FINALIZE_WAIT_COLUMNS = (
