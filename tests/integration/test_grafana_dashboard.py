@@ -97,6 +97,24 @@ def test_the_fleet_gauges_and_the_worker_counters_are_on_the_dashboard() -> None
 
 
 @pytest.mark.parametrize(
+    ("writes", "prefix"), [("appends", ""), ("finalizes", "finalize_"), ("suspends", "suspend_")]
+)
+def test_each_group_commit_is_on_the_dashboard(writes: str, prefix: str) -> None:
+    """The three group commits (steps' events, completions' and waits' finalizes): how they
+    were written, their batches' size and wait, mode switches and failed batches."""
+    used = {m for expr in expressions() for m in METRIC.findall(expr)}
+    name = f"cleat_group_commit_{prefix}"
+    wanted = {
+        f"cleat_group_commit_{writes}_total",
+        f"{name}batch_runs_bucket",
+        f"{name}wait_seconds_bucket",
+        f"{name}mode_switches_total",
+        f"{name}batch_failures_total",
+    }
+    assert wanted - used == set()
+
+
+@pytest.mark.parametrize(
     "expr",
     [
         "sum(rate(cleat_steps[5m]))",  # a counter without its _total
