@@ -53,7 +53,7 @@ from engine.storage import (
     StartDetached,
     TaskCallRecord,
     UpdateRequest,
-    child_status,
+    child_outcome,
 )
 from engine.task_calls import Disposition, TaskCallState, disposition
 from engine.versions import (
@@ -388,6 +388,8 @@ class InMemoryStorage:
             return True
         for rid in wait.get("run_ids", ()):
             child = self.runs.get(rid)
+            while child is not None and child.continued_as:  # the run that ends its chain
+                child = self.runs[child.continued_as]
             if child is None or child.status in TERMINAL_STATUSES:
                 return True
         task_id = wait.get("task_id")
@@ -861,21 +863,19 @@ class InMemoryStorage:
         record = self.runs.get(run.run_id)
         return record.cancel_reason if record else None
 
-    def child_outcome(self, run: RunRef, child_run_id: str) -> ChildOutcome | None:
+    def child_outcomes(
+        self, run: RunRef, child_run_ids: Sequence[str]
+    ) -> list[ChildOutcome | None]:
         with self._lock:
-            child = self.runs.get(child_run_id)
-            if child is None:
-                return ChildOutcome(AbiStatus.NOT_FOUND, error=f"no run {child_run_id}")
-            while child.continued_as:  # follow the chain to the run that finished
-                child = self.runs[child.continued_as]
-            if child.status == RunStatus.DONE:
-                return ChildOutcome(AbiStatus.OK, result=child.result or "")
-            if child.status == RunStatus.TERMINATED:
-                return ChildOutcome(AbiStatus.CANCELLED, error=child.error or "terminated")
-            if child.status in TERMINAL_STATUSES:
-                status = child_status(child.error_code)
-                return ChildOutcome(status, error=child.error or "")
-            return None
+            return [self._child_outcome(child_run_id) for child_run_id in child_run_ids]
+
+    def _child_outcome(self, child_run_id: str) -> ChildOutcome | None:
+        child = self.runs.get(child_run_id)
+        if child is None:
+            return ChildOutcome(AbiStatus.NOT_FOUND, error=f"no run {child_run_id}")
+        while child.continued_as:  # follow the chain to the run that finished
+            child = self.runs[child.continued_as]
+        return child_outcome(child.status, child.result, child.error, child.error_code)
 
     def promise_state(self, run: RunRef, promise_id: str) -> PromiseState | None:
         promise = self.promises.get(promise_id)

@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 from engine.events import Event
-from engine.status import AbiStatus
+from engine.status import TERMINAL_STATUSES, AbiStatus, RunStatus
 
 
 @dataclass(frozen=True, slots=True)
@@ -68,6 +68,21 @@ _CHILD_STATUS_BY_CODE = {
 def child_status(error_code: str | None) -> AbiStatus:
     """The status ``await_child`` reports for a child that failed with ``error_code``."""
     return _CHILD_STATUS_BY_CODE.get(error_code or "", AbiStatus.ERROR)
+
+
+def child_outcome(
+    status: str, result: str | None, error: str | None, error_code: str | None
+) -> ChildOutcome | None:
+    """What a parent awaiting a child is told about the run that ended its chain (the child,
+    or the last run it continued as), by that run's status and columns: None while it has
+    not ended. Every store reads the columns and calls this."""
+    if status == RunStatus.DONE:
+        return ChildOutcome(AbiStatus.OK, result=result or "")
+    if status == RunStatus.TERMINATED:
+        return ChildOutcome(AbiStatus.CANCELLED, error=error or "terminated")
+    if status in TERMINAL_STATUSES:
+        return ChildOutcome(child_status(error_code), error=error or "")
+    return None
 
 
 @dataclass(frozen=True, slots=True)
@@ -281,8 +296,13 @@ class WorkflowStorage(Protocol):
     def cancellation(self, run: RunRef) -> str | None:
         """The reason, if cancellation of this run was requested."""
 
-    def child_outcome(self, run: RunRef, child_run_id: str) -> ChildOutcome | None:
-        """The outcome of a finished child (or detached run), None while it runs."""
+    def child_outcomes(
+        self, run: RunRef, child_run_ids: Sequence[str]
+    ) -> list[ChildOutcome | None]:
+        """The outcome of each finished child (or detached run), in order; None for one that
+        has not ended. A run that continued as new answers for the last run of its chain; an
+        unknown id answers NOT_FOUND. One read for all of them (an await of several
+        children asks them together)."""
 
     def promise_state(self, run: RunRef, promise_id: str) -> PromiseState | None:
         """None for an unknown promise."""

@@ -13,6 +13,7 @@ from __future__ import annotations
 import hashlib
 import secrets
 import uuid
+from collections.abc import Iterable, Sequence
 from typing import Any
 
 from django.conf import settings
@@ -926,6 +927,43 @@ def instance_summary(instance: WorkflowInstance) -> dict[str, Any]:
         "created_at": instance.created_at.isoformat(),
         "completed_at": instance.completed_at.isoformat() if instance.completed_at else None,
     }
+
+
+# How far a continue-as-new chain is followed to the run that ends it.
+CHAIN_LIMIT = 10_000
+
+
+def chain_ends(
+    run_ids: Iterable[uuid.UUID], columns: Sequence[str], tenant: Any = None
+) -> dict[uuid.UUID, tuple[Any, ...]]:
+    """``columns`` of the run that ends each run's continue-as-new chain (the run itself, or
+    the last run it was continued as), by the run's id; a run not found is left out. One
+    read for all the runs, and one more for each step along the chains (none where no run
+    continued as new). ``tenant``: only its runs (besides the caller's row-level
+    security)."""
+    runs = WorkflowInstance.objects.all() if tenant is None else of_tenant(WorkflowInstance, tenant)
+    successor = WorkflowInstance.objects.filter(continued_from_id=models.OuterRef("id"))
+    rows = runs.annotate(successor=models.Subquery(successor.values("id")[:1])).order_by()
+    ends: dict[uuid.UUID, tuple[Any, ...]] = {}
+    at = {run_id: run_id for run_id in run_ids}  # each run -> the run of its chain reached
+    for _ in range(CHAIN_LIMIT):
+        if not at:
+            break
+        found = {
+            row[0]: row
+            for row in rows.filter(id__in=set(at.values())).values_list("id", "successor", *columns)
+        }
+        going: dict[uuid.UUID, uuid.UUID] = {}
+        for run_id, reached in at.items():
+            row = found.get(reached)
+            if row is None:
+                continue
+            if row[1] is None:
+                ends[run_id] = row[2:]
+            else:
+                going[run_id] = row[1]
+        at = going
+    return ends
 
 
 def continue_chain(

@@ -177,7 +177,7 @@ class ChildOps(ReplayCore):
                     AbiStatus.CANCELLED, error="cancelled while awaiting a child"
                 )
             else:
-                found = self.storage.child_outcome(self.ref, run_id)
+                [found] = self.storage.child_outcomes(self.ref, [run_id])
                 if found is None:
                     raise self._suspend(WaitCondition(WaitKind.CHILD, run_ids=(run_id,)))
                 outcome = found
@@ -198,7 +198,7 @@ class ChildOps(ReplayCore):
     def poll_child(self, run_id: str) -> Reply:
         event = self._match(PollChildEvent, (run_id,))
         if event is None:
-            found = self.storage.child_outcome(self.ref, run_id)
+            [found] = self.storage.child_outcomes(self.ref, [run_id])
             outcome = found or ChildOutcome(AbiStatus.NOT_FOUND)
             event = self._record(
                 PollChildEvent(
@@ -230,7 +230,8 @@ class ChildOps(ReplayCore):
                     )
                 )
             else:
-                outcomes = [(rid, self.storage.child_outcome(self.ref, rid)) for rid in run_ids]
+                read = self.storage.child_outcomes(self.ref, run_ids)
+                outcomes = list(zip(run_ids, read, strict=True))
                 waiting = tuple(rid for rid, o in outcomes if o is None)
                 if waiting:
                     raise self._suspend(WaitCondition(WaitKind.CHILDREN, run_ids=waiting))
@@ -261,8 +262,8 @@ class ChildOps(ReplayCore):
                     )
                 )
             else:
-                for rid in run_ids:
-                    found = self.storage.child_outcome(self.ref, rid)
+                read = self.storage.child_outcomes(self.ref, run_ids)
+                for rid, found in zip(run_ids, read, strict=True):
                     if found is not None:
                         body = _child_json(rid, found)
                         event = self._record(

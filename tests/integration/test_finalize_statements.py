@@ -18,6 +18,8 @@ from django.db.models.signals import post_save
 from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
 
+from engine.status import AbiStatus
+from engine.storage import RunRef
 from tests.fixtures.wat import Wat
 from workflows import services
 from workflows.models import (
@@ -32,6 +34,7 @@ from workflows.models import (
 from workflows.store import wake
 from workflows.store.columns import LOCKED_COLUMNS
 from workflows.store.sql import queries
+from workflows.store.storage import DjangoStorage
 from workflows.tenancy import tenant_context
 from workflows.testing import DatabaseWorkflowEnvironment
 
@@ -307,3 +310,56 @@ def test_each_source_wakes_the_run_and_nothing_else_does(
         WorkflowInstance.objects.filter(id=run).update(cancel_requested=True)
         instance.refresh_from_db()
         check(True, "a cancellation request", {"kind": "timer"})
+
+
+def test_a_child_that_continued_as_new_has_ended_when_its_chain_has(
+    tenant: Tenant, start: Callable[[], str], arrived: str
+) -> None:
+    """A child that continued as new has ended only when the last run of its chain has: the
+    parent woken before then reads no outcome, waits again and is woken again at once (a
+    parent that spun, segment after segment, while its child's chain went on)."""
+    run, child, second, third = start(), start(), start(), start()
+    wait = {"kind": "child", "run_ids": [child]}
+    with tenant_context(tenant.id):
+        instance = WorkflowInstance.objects.get(id=run)
+        runs = WorkflowInstance.objects
+
+        def check(expected: bool, why: str) -> None:
+            assert wake.wakeup_arrived(instance, wait) is expected, why
+
+        runs.filter(id=child).update(status=RunStatus.DONE)
+        check(True, "a child that ended")
+        runs.filter(id=second).update(continued_from_id=child)
+        check(False, "the child continued as new: its successor is ready")
+        runs.filter(id=second).update(status=RunStatus.DONE)
+        runs.filter(id=third).update(continued_from_id=second, status=RunStatus.RUNNING)
+        check(False, "its successor continued as new too: the third run is running")
+        runs.filter(id=third).update(status=RunStatus.FAILED)
+        check(True, "the chain's last run failed")
+        [outcome] = DjangoStorage(tenant.id).child_outcomes(
+            RunRef(str(tenant.id), run, run, "w", 0), [child]
+        )
+        assert outcome is not None and outcome.status == AbiStatus.ERROR
+
+
+def test_the_children_a_parent_awaits_are_read_together(
+    tenant: Tenant, start: Callable[[], str]
+) -> None:
+    """``child_outcomes`` reads one child or six in the same statements (an await of all
+    of them read each one in a transaction of its own: four statements, and one more to look
+    for a run it continued as)."""
+    run = start()
+    children = [start() for _ in range(6)]
+    with tenant_context(tenant.id):
+        WorkflowInstance.objects.filter(id__in=children[:3]).update(status=RunStatus.DONE)
+    storage = DjangoStorage(tenant.id)
+    ref = RunRef(str(tenant.id), run, run, "w", 0)
+    counted = []
+    for asked in ([children[0]], children):
+        with CaptureQueriesContext(connection) as queries_made:
+            outcomes = storage.child_outcomes(ref, asked)
+        counted.append(len(queries_made))
+        assert [o is not None and o.status == AbiStatus.OK for o in outcomes] == [
+            c in children[:3] for c in asked
+        ]
+    assert counted[0] == counted[1]

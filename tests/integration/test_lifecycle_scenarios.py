@@ -19,7 +19,7 @@ import pytest
 
 from engine.lifecycle import RetryPolicy
 from tests.fixtures import FakeService
-from tests.fixtures.wat import Wat
+from tests.fixtures.wat import Ref, Wat
 from tests.integration.support.environments import (
     MemoryEnvironment,
     ScenarioEnvironment,
@@ -297,6 +297,83 @@ def test_a_child_runs_and_wakes_its_parent(make_env: MakeEnv) -> None:
     assert env.result(run) == [[0, '[[0,"4"]]']]
     assert [status for status, _ in env.children(run).values()] == ["done"]
     assert types(env, run) == ["child_workflow", "await_child"]
+
+
+def test_awaiting_several_children_reads_each_ones_end(make_env: MakeEnv) -> None:
+    """A parent starts a child that completes, one that fails, one that continues as new
+    twice and one that waits for a signal. ``await_any_child`` over the waiter and the
+    failing one answers the failure; ``await_all_children`` over the others (one id twice,
+    and an id that names no run) answers each in the order asked, the continued child by
+    the last run of its chain."""
+    parent, done, failing = Wat(), Wat(), Wat()
+    starts = "".join(
+        f"(local.set ${local} (call $child_workflow {parent.s(name)} {parent.js(value)}))"
+        for local, name, value in (
+            ("d", "done", {}),
+            ("f", "failing", {}),
+            ("l", "loop", {"first": True}),
+            ("w", "waiter", {}),
+        )
+    )
+    any_of = parent.text('["', Ref("w"), '","', Ref("f"), '"]')
+    all_of = parent.text('["', Ref("d"), '","', Ref("l"), '","nobody","', Ref("d"), '"]')
+    parent.run(
+        f"""{starts}
+    (call $rec (call $await_any_child {any_of}))
+    (call $rec (call $await_all_children {all_of}))
+    (call $finish)""",
+        locals="$d i64 $f i64 $l i64 $w i64",
+    )
+    done.run(f"(call $rec (call $json_parse {done.js({'v': 1})})) (call $finish)")
+    failing.run(failing.reply(2, "refused for good"))
+    env = make_env()
+    for name, module in (
+        ("parent", parent),
+        ("done", done),
+        ("failing", failing),
+        ("loop", counter_continuing_as_new()),
+        ("waiter", signal_waiter()),
+    ):
+        env.deploy(name, module.wasm())
+    run = env.run("parent")
+    assert env.status(run) == "done"
+    children: dict[str, str] = {}
+    for child in env.children(run):  # the loop's first run: the one whose chain is longest
+        name = env.describe(child)["definition"]
+        if len(chain(env, child)) > len(chain(env, children.get(name, child))):
+            children[name] = child
+        children.setdefault(name, child)
+    [[any_status, any_answer], [all_status, all_answer]] = env.result(run)
+    assert (any_status, json.loads(any_answer)) == (
+        0,
+        {"run_id": children["failing"], "status": "permanent", "error": "refused for good"},
+    )
+    assert all_status == 0
+    answers = json.loads(all_answer)
+    assert [a["run_id"] for a in answers] == [
+        children["done"],
+        children["loop"],
+        "nobody",
+        children["done"],
+    ]
+    assert (
+        answers[0]
+        == answers[3]
+        == {
+            "run_id": children["done"],
+            "status": "ok",
+            "result": [[0, '{"v":1}']],
+        }
+    )
+    assert len(chain(env, children["loop"])) == 3
+    assert answers[1] == {
+        "run_id": children["loop"],
+        "status": "ok",
+        "result": env.result(children["loop"]),  # the chain's last run's
+    }
+    assert env.result(children["loop"]) == [3, [0, '{"again":true}']]
+    assert answers[2] == {"run_id": "nobody", "status": "not_found", "error": "no run nobody"}
+    assert env.status(children["waiter"]) == "terminated"  # by the parent's end (its policy)
 
 
 def test_a_parents_end_applies_each_childs_close_policy(make_env: MakeEnv) -> None:

@@ -372,7 +372,7 @@ def test_the_store_and_services_of_one_tenant_reach_nothing_of_another(
     ref = RunRef(str(tenant.id), str(b_run.id), str(b_run.id), "w", 0)
     storage = DjangoStorage(tenant.id)
     assert storage.next_signal(ref, ["go"], ()) is None
-    hidden = storage.child_outcome(ref, str(b_run.id))
+    [hidden] = storage.child_outcomes(ref, [str(b_run.id)])
     assert hidden is not None and hidden.status == AbiStatus.NOT_FOUND
     with tenant_context(other_tenant.id):
         assert Signal.objects.filter(instance_id=b_run.id).count() == 1

@@ -318,9 +318,9 @@ def test_the_store_reads_only_its_own_tenant(envs: Any) -> None:
     assert [u.name for u in mine.pending_updates(ref_b, ())] == ["bump"]
     assert theirs.pending_updates(ref_a, ()) == []
 
-    outcome = mine.child_outcome(ref_b, done_run)
+    [outcome] = mine.child_outcomes(ref_b, [done_run])
     assert outcome is not None and outcome.status == AbiStatus.OK
-    hidden = theirs.child_outcome(ref_a, done_run)
+    [hidden] = theirs.child_outcomes(ref_a, [done_run])
     assert hidden is not None and hidden.status == AbiStatus.NOT_FOUND
 
 

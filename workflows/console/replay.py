@@ -136,8 +136,8 @@ class _SealedStorage:
     def cancellation(self, run: RunRef) -> str | None:
         return _stop("cancellation")  # type: ignore[no-any-return]
 
-    def child_outcome(self, run: RunRef, child_run_id: str) -> Any:
-        return _stop("child_outcome")
+    def child_outcomes(self, run: RunRef, child_run_ids: Sequence[str]) -> Any:
+        return _stop("child_outcomes")
 
     def promise_state(self, run: RunRef, promise_id: str) -> Any:
         return _stop("promise_state")

@@ -49,7 +49,7 @@ from engine.storage import (
     StartDetached,
     TaskCallRecord,
     UpdateRequest,
-    child_status,
+    child_outcome,
 )
 from engine.tracing import trace_id_of
 from engine.versions import (
@@ -77,7 +77,7 @@ from workflows.models import (
     WorkflowEvent,
     WorkflowInstance,
     WorkflowState,
-    continue_chain,
+    chain_ends,
 )
 from workflows.models import (
     UpdateRequest as UpdateRequestRow,
@@ -606,9 +606,11 @@ class DjangoStorage:
         )
         return _cancel_reason(*row) if row else None
 
-    def child_outcome(self, run: RunRef, child_run_id: str) -> ChildOutcome | None:
+    def child_outcomes(
+        self, run: RunRef, child_run_ids: Sequence[str]
+    ) -> list[ChildOutcome | None]:
         with tenant_context(self.tenant_id):
-            return child_outcome(self.tenant_id, child_run_id)
+            return child_outcomes(self.tenant_id, child_run_ids)
 
     def promise_state(self, run: RunRef, promise_id: str) -> PromiseState | None:
         with tenant_context(self.tenant_id):
@@ -804,22 +806,31 @@ def find_signal_target(tenant: uuid.UUID, target_id: str) -> WorkflowInstance | 
     return target
 
 
-def child_outcome(tenant: uuid.UUID, run_id: str) -> ChildOutcome | None:
-    as_uuid = _uuid_or_none(run_id)
-    child = (
-        WorkflowInstance.objects.filter(tenant_id=tenant, id=as_uuid).first() if as_uuid else None
+def child_outcomes(tenant: uuid.UUID, run_ids: Sequence[str]) -> list[ChildOutcome | None]:
+    """Each run's outcome for a parent awaiting it (``engine.storage.child_outcome``) by the
+    run that ends its chain (``chain_ends``), in the order asked: one read for all of them.
+    An id that names no run of the tenant answers NOT_FOUND. Called in the tenant's
+    context."""
+    wanted = {rid: _uuid_or_none(rid) for rid in run_ids}
+    ends = chain_ends(
+        {as_uuid for as_uuid in wanted.values() if as_uuid is not None},
+        ("id", "status", "result", "error", "error_code"),
+        tenant,
     )
-    if child is None:
-        return ChildOutcome(AbiStatus.NOT_FOUND, error=f"no run {run_id}")
-    # Follow continue-as-new to the run that finished.
-    child = [child, *continue_chain(child, limit=10_000)][-1]
-    if child.status == RunStatus.DONE:
-        return ChildOutcome(AbiStatus.OK, result=child.result or "")
-    if child.status == RunStatus.TERMINATED:
-        return ChildOutcome(AbiStatus.CANCELLED, error=child.error or "terminated")
-    if child.status in TERMINAL_STATUSES:
-        return ChildOutcome(child_status(child.error_code), error=child.error or "")
-    return None
+    found: dict[uuid.UUID, ChildOutcome | None] = {}
+    for as_uuid, (run_id, status, result, error, error_code) in ends.items():
+        found[as_uuid] = child_outcome(
+            status,
+            open_column(WorkflowInstance, "result", tenant, (run_id,), result),
+            open_column(WorkflowInstance, "error", tenant, (run_id,), error),
+            error_code,
+        )
+    return [
+        found[wanted[rid]]  # type: ignore[index]
+        if wanted[rid] in found
+        else ChildOutcome(AbiStatus.NOT_FOUND, error=f"no run {rid}")
+        for rid in run_ids
+    ]
 
 
 def resolve_child_definition(

@@ -53,6 +53,7 @@ from workflows.models import (
     TaskCall,
     UpdateRequest,
     WorkflowInstance,
+    chain_ends,
 )
 from workflows.store.sql import array_literal, queries
 from workflows.tenancy import tenant_context
@@ -146,8 +147,9 @@ def wait_sources(wait: Mapping[str, object]) -> dict[str, Any]:
 def wakeup_arrived(instance: WorkflowInstance, wait: Mapping[str, object]) -> bool:
     """Whether something ``instance`` can be woken by has arrived: a cancellation request, a
     pending update, or what its wait names (``wait``: a ``WaitCondition.as_dict()``, as
-    ``waiting_on`` stores it) -- an unconsumed signal of its names, an ended child, its task
-    call's reported outcome, its settled promise.
+    ``waiting_on`` stores it) -- an unconsumed signal of its names, an ended child (the run
+    that ends its continue-as-new chain has ended: a child that continued as new has not), its
+    task call's reported outcome, its settled promise.
 
     The one readiness rule: the finalize asks it about what arrived while the segment ran,
     the wake sweep about waiting runs whose wake-up may have been lost. On PostgreSQL it is
@@ -183,9 +185,9 @@ def wakeup_arrived(instance: WorkflowInstance, wait: Mapping[str, object]) -> bo
         ).exists()
     ):
         return True
-    if (
-        run_ids
-        and WorkflowInstance.objects.filter(id__in=run_ids, status__in=TERMINAL_STATUSES).exists()
+    if run_ids and any(
+        status in TERMINAL_STATUSES
+        for (status,) in chain_ends({uuid.UUID(str(r)) for r in run_ids}, ("status",)).values()
     ):
         return True
     if task_id and TaskCall.objects.filter(id=task_id, state=TaskCall.State.REPORTED).exists():

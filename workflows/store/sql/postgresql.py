@@ -596,7 +596,9 @@ LOCK_FENCED_INSTANCE = (
 # form the other databases take): a cancellation request (``p_cancel``, the run's own column,
 # which the caller has read), a pending update (every wait), and, each only when the wait
 # names it (NULL otherwise, and its read is skipped), an unconsumed signal of its names, an
-# ended child of those it waits for, its task call's reported outcome, its settled promise.
+# ended child of those it waits for (the run that ends the child's continue-as-new chain has
+# ended: a child that continued as new has not -- migration 0038), its task call's reported
+# outcome, its settled promise.
 # A function, so its statement is planned once per connection; each source is read by the
 # run or by its key, under the caller's tenant (it runs as its caller). The general
 # finalize asks it after the fenced lock, and so does ``cleat.finalize_wait`` below.
@@ -607,6 +609,7 @@ WAKEUP_ARRIVED = (
 
 
 def _wakeup_arrived_function() -> str:
+    instance = WorkflowInstance._meta.db_table
     return f"""
 CREATE OR REPLACE FUNCTION cleat.wakeup_arrived(
     p_cancel boolean, p_run uuid, p_signals text[], p_children uuid[], p_task uuid,
@@ -623,8 +626,16 @@ BEGIN
                          WHERE s.instance_id = p_run AND s.consumed_at IS NULL
                            AND s.name = ANY(p_signals)))
         OR (p_children IS NOT NULL
-            AND EXISTS (SELECT 1 FROM {WorkflowInstance._meta.db_table} AS c
-                         WHERE c.id = ANY(p_children) AND c.status IN ({_TERMINAL})))
+            AND EXISTS (WITH RECURSIVE chain(id, status) AS (
+                            SELECT c.id, c.status FROM {instance} AS c
+                             WHERE c.id = ANY(p_children)
+                            UNION ALL
+                            SELECT n.id, n.status FROM {instance} AS n
+                              JOIN chain ON n.continued_from_id = chain.id)
+                        SELECT 1 FROM chain
+                         WHERE chain.status IN ({_TERMINAL})
+                           AND NOT EXISTS (SELECT 1 FROM {instance} AS n
+                                            WHERE n.continued_from_id = chain.id)))
         OR (p_task IS NOT NULL
             AND EXISTS (SELECT 1 FROM {TaskCall._meta.db_table} AS k
                          WHERE k.id = p_task AND k.state = '{TaskCall.State.REPORTED.value}'))
