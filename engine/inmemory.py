@@ -154,6 +154,8 @@ class RunRecord:
     due_ms: int | None = 0  # None: waits to be woken (signal, child, promise, update)
     waiting_on: dict[str, Any] | None = None
     parent_run_id: str | None = None
+    # Started by run_detached: the run that started it, which its end wakes.
+    detached_from: str | None = None
     parent_close_policy: str = "terminate"
     cancel_reason: str | None = None
     query_state: dict[str, str] = field(default_factory=dict)
@@ -233,6 +235,7 @@ class InMemoryStorage:
         parent_run_id: str | None = None,
         parent_close_policy: str = "terminate",
         priority: int = 0,
+        detached_from: str | None = None,
     ) -> RunRecord:
         with self._lock:
             rid = run_id or str(uuid.uuid4())
@@ -244,6 +247,7 @@ class InMemoryStorage:
                 input=input,
                 created_ms=self.clock(),
                 parent_run_id=parent_run_id,
+                detached_from=detached_from,
                 parent_close_policy=parent_close_policy,
                 priority=priority,
                 tenant_id=self.tenant_id,
@@ -352,6 +356,7 @@ class InMemoryStorage:
                 parent_run_id=run.parent_run_id,
                 parent_close_policy=run.parent_close_policy,
                 priority=run.priority,
+                detached_from=run.detached_from,
             ).run_id
             run.continued_as = successor
             # Signals that reached this run unconsumed belong to the chain: move them on.
@@ -367,7 +372,7 @@ class InMemoryStorage:
                 if owner == run.run_id and call["state"] == TaskCallState.PENDING:
                     call["state"] = TaskCallState.ABANDONED
             self._close_children(run)
-            self._wake(run.parent_run_id)
+            self._wake(run.parent_run_id or run.detached_from)  # either may await it
             for update in self.updates.values():
                 if update.run_id == run.run_id and update.status == "pending":
                     update.status, update.result = "failed", transition.updates_failure
@@ -762,7 +767,9 @@ class InMemoryStorage:
             case StartDetached():
                 if m.run_id not in self.runs:
                     version = self._resolve_version(m.name)
-                    self.create_run(m.name, version, m.input, run_id=m.run_id)
+                    self.create_run(
+                        m.name, version, m.input, run_id=m.run_id, detached_from=ref.run_id
+                    )
                 return m.run_id
             case SendSignal():
                 target = self._target(m.target_id)

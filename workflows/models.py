@@ -374,6 +374,14 @@ class WorkflowInstance(SealedModel, TenantScoped):
     parent_close_policy = models.CharField(
         max_length=16, choices=ParentClosePolicy.choices, default=ParentClosePolicy.TERMINATE
     )
+    # A run started by run_detached: the run that started it, which its end wakes (it may
+    # await it by its id). Not a parent: no close policy, not among its children.
+    detached_from = models.UUIDField(
+        null=True,
+        blank=True,
+        editable=False,
+        help_text="The run that started this one with run_detached (its end wakes that run).",
+    )
     continued_from = models.OneToOneField(
         "self", null=True, blank=True, on_delete=models.SET_NULL, related_name="continued_as"
     )

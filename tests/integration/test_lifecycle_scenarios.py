@@ -376,6 +376,32 @@ def test_awaiting_several_children_reads_each_ones_end(make_env: MakeEnv) -> Non
     assert env.status(children["waiter"]) == "terminated"  # by the parent's end (its policy)
 
 
+def test_a_run_awaiting_its_detached_run_is_woken_by_its_end(make_env: MakeEnv) -> None:
+    """A run that awaits the run it started with ``run_detached`` is woken when that run
+    ends (it slept until its re-check), and the detached run is not its child."""
+    starter, sleeper = Wat(), Wat()
+    starter.run(
+        f"""
+    (local.set $d (call $run_detached {starter.s("sleeper")} {starter.js({})}))
+    (call $rec (call $await_child {starter.payload("d")}))
+    (call $finish)""",
+        locals="$d i64",
+    )
+    sleeper.run(
+        "(drop (call $durable_sleep (i64.const 60000))) (call $recn (i64.const 7)) (call $finish)"
+    )
+    env = make_env()
+    env.deploy("starter", starter.wasm())
+    env.deploy("sleeper", sleeper.wasm())
+    run = env.run("starter")
+    assert env.status(run) == "ready"
+    assert env.children(run) == {}
+    env.advance(61)  # the sleeper's timer fires and it ends; the re-check is far off
+    assert env.status(run) == "done"
+    [[status, answer]] = env.result(run)
+    assert (status, json.loads(answer)) == (0, [7])
+
+
 def test_a_parents_end_applies_each_childs_close_policy(make_env: MakeEnv) -> None:
     """A parent that completes with three children waiting: the ``terminate`` child is
     terminated, the ``request_cancel`` one sees the cancellation and finishes, the

@@ -594,8 +594,10 @@ def apply_transition(
             task_calls.abandon(instance)
         _close_children(instance, now)
         _fail_pending_updates(instance, transition.updates_failure, now)
-        if instance.parent_id:
-            wake.after_commit(instance.tenant_id, instance.parent_id)
+        # Its parent, or the run that started it detached: either may await it.
+        waker = instance.parent_id or instance.detached_from
+        if waker:
+            wake.after_commit(instance.tenant_id, waker)
     if (
         instance.status == RunStatus.READY
         and instance.next_wake_at
@@ -615,13 +617,12 @@ def _complete_in_one_message(
     if entry is None:
         return False
     run, rows = entry
-    matched, parent_id = _in_one_call(
-        ref, run, rows, group_commit.finalize, group_commit.finalize_runs
-    )
+    # The answer is the run its end wakes: its parent, or the run that started it detached.
+    matched, waker = _in_one_call(ref, run, rows, group_commit.finalize, group_commit.finalize_runs)
     if not matched:
         return False
-    if parent_id is not None:
-        wake.after_commit(tenant, parent_id)  # committed already: runs at once
+    if waker is not None:
+        wake.after_commit(tenant, waker)  # committed already: runs at once
     return True
 
 
@@ -881,6 +882,7 @@ def _successor(
         priority=instance.priority,
         task_queue=instance.task_queue,
         parent_id=instance.parent_id,
+        detached_from=instance.detached_from,
         parent_close_policy=instance.parent_close_policy,
         allowed_signals=instance.allowed_signals,
         continued_from=instance,

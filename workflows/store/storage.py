@@ -526,6 +526,7 @@ class DjangoStorage:
             priority=min(max(priority, PRIORITY_MIN), PRIORITY_MAX),
             task_queue=(parent_row or {}).get("task_queue", "default"),
             parent_id=ref.run_id if parent else None,
+            detached_from=None if parent else ref.run_id,
             parent_close_policy=policy,
             trace_id=trace_id_of(traceparent) if traceparent else None,
             trace_parent=traceparent or None,

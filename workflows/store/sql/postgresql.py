@@ -445,8 +445,9 @@ def next_signal_function_sql(role: str) -> str:
 # the second fails their pending updates (as _fail_pending_updates), in a statement of its
 # own so that its snapshot is taken after the row locks: an update queued by send_update
 # (which locks the row) either committed before and is seen, or waits for this commit and
-# then finds the run done. The function returns each matched run with its parent (NULL for
-# none); a run not returned was not written, and the general path in store.lifecycle tells
+# then finds the run done. The function returns each matched run with the run its end wakes
+# (its parent, or the run that started it detached -- migration 0039; NULL for none); a run
+# not returned was not written, and the general path in store.lifecycle tells
 # the cases apart. What it writes is the transition engine.lifecycle.completion() returns,
 # which the arguments come from (store.lifecycle.completion_entry).
 FINALIZE_DONE = "SELECT id, parent_id FROM cleat.finalize_done(%s, %s)"
@@ -494,14 +495,15 @@ BEGIN
                AND {_held_by("i", "c.worker")}
                AND NOT EXISTS (SELECT 1 FROM {instance} AS k
                                 WHERE k.parent_id = i.id AND k.status NOT IN ({_TERMINAL}))
-            RETURNING i.id, i.tenant_id, i.parent_id, c.lock_holder
+            RETURNING i.id, i.tenant_id, COALESCE(i.parent_id, i.detached_from) AS waker,
+                      c.lock_holder
         ), appended AS (
 {_INSERT_FENCED_EVENTS}        ), released AS (
             DELETE FROM {locks} AS k USING fence
              WHERE k.tenant_id = fence.tenant_id AND k.holder = fence.lock_holder
             RETURNING 1
         )
-        SELECT array_agg(fence.id), array_agg(fence.parent_id) INTO v_ids, v_parents
+        SELECT array_agg(fence.id), array_agg(fence.waker) INTO v_ids, v_parents
           FROM fence;
         IF v_ids IS NOT NULL THEN
             UPDATE {updates} AS u SET status = {failed}, result = c.updates_result,
