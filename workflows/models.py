@@ -497,6 +497,13 @@ class WorkflowInstance(SealedModel, TenantScoped):
                 name="instance_cancel_asked",
                 condition=Q(cancel_requested=True),
             ),
+            # The wake sweep: runs started detached that ended since its last pass (the runs
+            # that started them may wait). Only detached runs are written to it.
+            models.Index(
+                fields=["completed_at", "detached_from"],
+                name="instance_detached_ended",
+                condition=Q(detached_from__isnull=False),
+            ),
         ]
         ordering = ["-created_at"]
         permissions = [

@@ -50,6 +50,13 @@ def env(tenant: Tenant) -> Iterator[DatabaseWorkflowEnvironment]:
     )
     environment.deploy("parent", w.wasm())
     w = Wat()
+    w.run(
+        f"""(local.set $d (call $run_detached {w.s("leaf")} {w.js({})}))
+        (call $rec (call $await_child {w.payload("d")})) (call $finish)""",
+        locals="$d i64",
+    )
+    environment.deploy("starter", w.wasm())
+    w = Wat()
     w.run(f"(call $rec (call $durable_await_signals {w.js(['go'])} (i64.const -1))) (call $finish)")
     environment.deploy("waiter", w.wasm())
     w = Wat()
@@ -104,6 +111,25 @@ def test_a_parent_whose_child_ended_without_waking_it_is_woken(
     env.run_until_idle()
     assert env.status(parent) == RunStatus.DONE
     assert sweep() == 0  # nothing waits any more
+
+
+def test_a_run_whose_detached_run_ended_without_waking_it_is_woken(
+    env: DatabaseWorkflowEnvironment, tenant: Tenant, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The run that started a run with ``run_detached`` and awaits it: the detached run's end
+    wakes it, and a lost wake-up is found by the sweep (through the index of detached runs
+    that ended), as a parent's is."""
+    lost: list[Any] = []
+    monkeypatch.setattr(wake, "after_commit", lambda tenant, run_id: lost.append(run_id))
+    starter = env.run("starter")
+    monkeypatch.undo()
+    assert lost == [uuid.UUID(starter)]  # the detached run ended; its wake was lost
+    assert asleep(tenant, starter, timezone.now())
+    assert sweep() == 1
+    assert not asleep(tenant, starter, timezone.now())
+    env.run_until_idle()
+    assert env.status(starter) == RunStatus.DONE
+    assert sweep() == 0
 
 
 def test_signals_updates_promises_and_cancellations_whose_wake_was_lost_are_woken(

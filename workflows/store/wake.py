@@ -10,13 +10,14 @@ If the process dies between the two (``os._exit``, ``kill -9``: the crash point
 ``before_wake``), the wake-up is lost with it. The **wake sweep** (:func:`sweep_missed_wakes`,
 the worker duty ``wake_sweep`` every ``CLEAT_WAKE_SWEEP_SECONDS``) finds such runs: it takes
 the waiting runs (``ready``, not due) that received something since its last pass -- a child
-that ended, an unconsumed signal, a pending update, a task call's reported outcome, a settled
-promise, a cancellation request -- asks :func:`wakeup_arrived` (the same rule the finalize
-asks) whether that satisfies what each one waits for, and wakes those through
-:func:`wake_now`. It reads those rows from the satisfying side, each by an index on when it
-arrived, so a pass costs what arrived since the last one, not the number of waiting runs. The
-run's re-check (``CLEAT_WAIT_RECHECK_SECONDS``) remains the last resort (no worker running
-the sweep, an arrival whose commit lagged its timestamp by more than :data:`SWEEP_OVERLAP`).
+that ended (or a run it started detached), an unconsumed signal, a pending update, a task
+call's reported outcome, a settled promise, a cancellation request -- asks
+:func:`wakeup_arrived` (the same rule the finalize asks) whether that satisfies what each one
+waits for, and wakes those through :func:`wake_now`. It reads those rows from the satisfying
+side, each by an index on when it arrived, so a pass costs what arrived since the last one,
+not the number of waiting runs. The run's re-check (``CLEAT_WAIT_RECHECK_SECONDS``) remains
+the last resort (no worker running the sweep, an arrival whose commit lagged its timestamp by
+more than :data:`SWEEP_OVERLAP`).
 
 Approaches dropped: waking inside the satisfying transaction (it takes the waiting run's row
 lock while holding the child's: a parent closing its children takes them in the other order,
@@ -209,10 +210,10 @@ _CHUNK = 500
 
 
 def missed_wake_candidates(since: datetime, now: datetime) -> list[tuple[uuid.UUID, uuid.UUID]]:
-    """(tenant, run) of every waiting run -- ``ready``, not due -- that received something
-    since ``since`` (a child ended, an unconsumed signal, a pending update, a reported task
-    outcome, a settled promise) or has a cancellation request, across tenants. A superset of
-    the runs to wake: :func:`wakeup_arrived` decides.
+    """(tenant, run) of every waiting run -- ``ready``, not due -- that received something since
+    ``since`` (a child ended, a run it started detached ended, an unconsumed signal, a pending
+    update, a reported task outcome, a settled promise) or has a cancellation request, across
+    tenants. A superset of the runs to wake: :func:`wakeup_arrived` decides.
 
     On PostgreSQL through the definer function ``cleat.missed_wakes`` (row-level security
     hides other tenants' rows from the application role); elsewhere, where there is no such
@@ -227,6 +228,9 @@ def missed_wake_candidates(since: datetime, now: datetime) -> list[tuple[uuid.UU
         WorkflowInstance.objects.filter(
             completed_at__gte=since, parent_id__isnull=False
         ).values_list("parent_id", flat=True),
+        WorkflowInstance.objects.filter(
+            completed_at__gte=since, detached_from__isnull=False
+        ).values_list("detached_from", flat=True),
         Signal.objects.filter(created_at__gte=since, consumed_at__isnull=True).values_list(
             "instance_id", flat=True
         ),

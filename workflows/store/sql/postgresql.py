@@ -1068,12 +1068,12 @@ GRANT EXECUTE ON FUNCTION {READY_BACKLOG_SIGNATURE} TO {role};
 """
 
 
-# -- missed_wakes -- the wake sweep's candidates (workflows/store/wake.py): every tenant's
-# waiting runs (ready, not due) that received something since p_since -- a child that ended,
-# an unconsumed signal, a pending update, a reported task outcome, a settled promise -- or
-# were asked to cancel. Each source is read by its index on when it arrived
-# (migration 0015_wake_sweep), so a pass costs what arrived since the last one; the caller
-# judges each run in its own tenant's context. Installed by 0015_wake_sweep.
+# -- missed_wakes -- the wake sweep's candidates (workflows/store/wake.py): every tenant's waiting
+# runs (ready, not due) that received something since p_since -- a child that ended, a run it
+# started detached that ended (migration 0040), an unconsumed signal, a pending update, a reported
+# task outcome, a settled promise -- or were asked to cancel. Each source is read by its index on
+# when it arrived (migration 0015_wake_sweep), so a pass costs what arrived since the last one;
+# the caller judges each run in its own tenant's context. Installed by 0015_wake_sweep.
 MISSED_WAKES_SIGNATURE = "cleat.missed_wakes(timestamptz, timestamptz)"
 MISSED_WAKES_FUNCTION = """
 CREATE OR REPLACE FUNCTION cleat.missed_wakes(p_since timestamptz, p_now timestamptz)
@@ -1090,6 +1090,9 @@ BEGIN
     WITH arrived AS MATERIALIZED (
         SELECT c.parent_id AS id FROM workflows_workflowinstance AS c
          WHERE c.completed_at >= $1 AND c.parent_id IS NOT NULL
+        UNION ALL
+        SELECT c.detached_from FROM workflows_workflowinstance AS c
+         WHERE c.completed_at >= $1 AND c.detached_from IS NOT NULL
         UNION ALL
         SELECT s.instance_id FROM workflows_signal AS s
          WHERE s.created_at >= $1 AND s.consumed_at IS NULL
