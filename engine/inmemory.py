@@ -393,9 +393,7 @@ class InMemoryStorage:
             return True
         for rid in wait.get("run_ids", ()):
             child = self.runs.get(rid)
-            while child is not None and child.continued_as:  # the run that ends its chain
-                child = self.runs[child.continued_as]
-            if child is None or child.status in TERMINAL_STATUSES:
+            if child is None or self.chain_end(child).status in TERMINAL_STATUSES:
                 return True
         task_id = wait.get("task_id")
         if task_id and any(
@@ -880,9 +878,15 @@ class InMemoryStorage:
         child = self.runs.get(child_run_id)
         if child is None:
             return ChildOutcome(AbiStatus.NOT_FOUND, error=f"no run {child_run_id}")
-        while child.continued_as:  # follow the chain to the run that finished
-            child = self.runs[child.continued_as]
-        return child_outcome(child.status, child.result, child.error, child.error_code)
+        end = self.chain_end(child)
+        return child_outcome(end.status, end.result, end.error, end.error_code)
+
+    def chain_end(self, run: RunRecord) -> RunRecord:
+        """The run that ends ``run``'s continue-as-new chain: itself, or the last run it
+        was continued as."""
+        while run.continued_as:
+            run = self.runs[run.continued_as]
+        return run
 
     def promise_state(self, run: RunRef, promise_id: str) -> PromiseState | None:
         promise = self.promises.get(promise_id)

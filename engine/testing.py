@@ -352,9 +352,7 @@ class WorkflowEnvironment:
 
     def result(self, run_id: str) -> Any:
         """The parsed result of a finished run (follows continue-as-new)."""
-        run = self.storage.runs[run_id]
-        while run.continued_as:
-            run = self.storage.runs[run.continued_as]
+        run = self.storage.chain_end(self.storage.runs[run_id])
         if run.status != RunStatus.DONE:
             detail = f"{run.error_code or ''} {run.error or ''}".strip()
             raise AssertionError(f"run {run.run_id} is {run.status}: {detail}")
@@ -384,10 +382,7 @@ class WorkflowEnvironment:
         )
 
     def latest_run(self, run_id: str) -> str:
-        run = self.storage.runs[run_id]
-        while run.continued_as:
-            run = self.storage.runs[run.continued_as]
-        return run.run_id
+        return self.storage.chain_end(self.storage.runs[run_id]).run_id
 
     def replay(self, run_id: str) -> SegmentResult:
         """Re-run ``run_id`` from its full history, refusing every write and service call."""

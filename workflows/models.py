@@ -957,8 +957,12 @@ def chain_ends(
     continued as new). ``tenant``: only its runs (besides the caller's row-level
     security)."""
     runs = WorkflowInstance.objects.all() if tenant is None else of_tenant(WorkflowInstance, tenant)
+    # At most one run continues a run (continued_from is unique): the model's ordering is
+    # not needed in the subquery.
     successor = WorkflowInstance.objects.filter(continued_from_id=models.OuterRef("id"))
-    rows = runs.annotate(successor=models.Subquery(successor.values("id")[:1])).order_by()
+    rows = runs.annotate(
+        successor=models.Subquery(successor.order_by().values("id")[:1])
+    ).order_by()
     ends: dict[uuid.UUID, tuple[Any, ...]] = {}
     at = {run_id: run_id for run_id in run_ids}  # each run -> the run of its chain reached
     for _ in range(CHAIN_LIMIT):

@@ -818,20 +818,23 @@ def child_outcomes(tenant: uuid.UUID, run_ids: Sequence[str]) -> list[ChildOutco
         ("id", "status", "result", "error", "error_code"),
         tenant,
     )
-    found: dict[uuid.UUID, ChildOutcome | None] = {}
-    for as_uuid, (run_id, status, result, error, error_code) in ends.items():
-        found[as_uuid] = child_outcome(
-            status,
-            open_column(WorkflowInstance, "result", tenant, (run_id,), result),
-            open_column(WorkflowInstance, "error", tenant, (run_id,), error),
-            error_code,
+    outcomes: list[ChildOutcome | None] = []
+    for rid in run_ids:
+        as_uuid = wanted[rid]
+        end = ends.get(as_uuid) if as_uuid is not None else None
+        if end is None:
+            outcomes.append(ChildOutcome(AbiStatus.NOT_FOUND, error=f"no run {rid}"))
+            continue
+        run_id, status, result, error, error_code = end
+        outcomes.append(
+            child_outcome(
+                status,
+                open_column(WorkflowInstance, "result", tenant, (run_id,), result),
+                open_column(WorkflowInstance, "error", tenant, (run_id,), error),
+                error_code,
+            )
         )
-    return [
-        found[wanted[rid]]  # type: ignore[index]
-        if wanted[rid] in found
-        else ChildOutcome(AbiStatus.NOT_FOUND, error=f"no run {rid}")
-        for rid in run_ids
-    ]
+    return outcomes
 
 
 def resolve_child_definition(
