@@ -15,9 +15,14 @@ due at one instant drain quickly. PostgreSQL, the worker as the application role
    start (a worker already running when timers fall due has paid its start: Django, the
    checks, the connection), each process's group-commit totals, and the CPU per run of its
    processes (their start included) and of the local PostgreSQL server. Goal (issue 16):
-   2,000 runs/s. Then ``--signal-waits`` runs (default 2,000; 0: none) each wait for a
-   signal that does not come: the rate, CPU and WAL of their first segments, which look for
-   the signal and suspend.
+   2,000 runs/s. ``--drain running`` (or ``both``, the default) measures the production case
+   as well: ``--timers`` more runs, started while the first ones sleep, are all made due at
+   one instant T (their wake-ups moved to the latest of them, which no sleep's recorded end
+   passes), and a ``runworker`` (not ``--burst``) is started before T, idle until T; the
+   bench prints runs/s from T to the last run done and the CPU per run of the worker's
+   processes and of the server from T on. Then ``--signal-waits`` runs (default 2,000; 0:
+   none) each wait for a signal that does not come: the rate, CPU and WAL of their first
+   segments, which look for the signal and suspend.
 2. **Many waiting runs.** The database then holds ``--waiting`` runs that wait (copies of
    the sleeping runs' rows with their histories, each due when the lifecycle set it). A
    worker polls beside them for ``--watch`` seconds; the bench prints its resident memory
@@ -30,11 +35,12 @@ due at one instant drain quickly. PostgreSQL, the worker as the application role
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import tempfile
 import time
 import uuid
-from datetime import datetime
+from datetime import datetime, timedelta
 from pathlib import Path
 from typing import Any
 
@@ -198,6 +204,208 @@ def print_first_segments(
     )
 
 
+def start_timers(cleat: Cleat, server: Server, args: argparse.Namespace, expect: int) -> None:
+    """``--timers`` runs started and run through their first segments (each suspends on its
+    timer), which are measured; ``expect`` runs are waiting afterwards."""
+    from django.db import connections
+
+    from workflows.services import start_workflow
+
+    began = time.monotonic()
+    # A run's input, --input-kb of hex digits (incompressible), or none.
+    payload = {"blob": os.urandom(args.input_kb * 512).hex()} if args.input_kb else None
+    for _ in range(args.timers):
+        start_workflow(cleat.tenant, "sleeper", payload)
+    connections.close_all()
+    started = time.monotonic()
+    measured = first_segments(cleat, server, args, expect, "first-segments.log")
+    print(f"{args.timers} runs started in {started - began:.0f} s")
+    # Each first segment suspends on its timer: the finalize of a wait (on PostgreSQL one
+    # call of cleat.finalize_wait), the path of every segment that waits.
+    print_first_segments(
+        "each suspends on its timer", args, args.timers, measured, f" (input {args.input_kb} KB)"
+    )
+
+
+def group_commit_lines(log: Path) -> None:
+    """Each process's writes (its ``worker_stopped`` line): direct, or in shared
+    transactions."""
+    for line in log.read_text().splitlines():
+        if "event=worker_stopped" in line:
+            fields = line.split()
+            print(
+                "  "
+                + " ".join(
+                    f
+                    for f in fields
+                    if f.startswith(("group_commit", "group_finalize", "group_suspend"))
+                )
+            )
+
+
+def drain_spawned(cleat: Cleat, server: Server, args: argparse.Namespace) -> int:
+    """The first set's timers, once every one is due, drained by a ``runworker --burst``
+    spawned then: its exit code."""
+    from django.db.models import Max
+    from django.utils import timezone
+
+    from workflows.models import RunStatus, WorkflowInstance
+    from workflows.tenancy import tenant_context
+
+    with tenant_context(cleat.tenant.id):
+        # The first set: every run a worker has not drained is due by the last of its
+        # timers, which the second set's (started later) all pass.
+        due = (
+            WorkflowInstance.objects.filter(status=RunStatus.READY)
+            .order_by("next_wake_at")
+            .values_list("next_wake_at", flat=True)[args.timers - 1]
+        )
+    pause = max(0.0, (due - timezone.now()).total_seconds() + 1)
+    print(f"waiting {pause:.0f} s until every timer is due", flush=True)
+    time.sleep(pause)
+    server.psql(cleat.db, "VACUUM ANALYZE workflows_workflowinstance")
+    cleat.analyze()
+    before = counts(cleat)["done"]
+    worker_cpu, server_cpu = children_cpu_seconds(), database_cpu_seconds()
+    spawn = timezone.now()
+    drain = cleat.runworker(
+        "--concurrency",
+        str(args.threads),
+        "--claim-ahead",
+        args.claim_ahead,
+        "--processes",
+        str(args.processes),
+        "--burst",
+        log="drain.log",
+    )
+    code = drain.wait(timeout=3600)
+    worker_cpu = children_cpu_seconds() - worker_cpu
+    server_cpu = database_cpu_seconds() - server_cpu
+
+    with tenant_context(cleat.tenant.id):
+        last = WorkflowInstance.objects.aggregate(m=Max("completed_at"))["m"]
+    done = counts(cleat)["done"] - before
+    seconds = (last - spawn).total_seconds() if last else float("nan")
+    rate = done / seconds if seconds else 0.0
+    verdict = "met" if rate >= GOAL_DRAIN_RUNS_S and done == args.timers else "MISSED"
+    print(
+        f"drain by a worker spawned once they are due: {done}/{args.timers} done in "
+        f"{seconds:.1f} s (exit {code}): {rate:,.0f} runs/s, {args.processes} process(es) x "
+        f"{args.threads} threads (goal {GOAL_DRAIN_RUNS_S:,.0f}: {verdict})"
+    )
+    started = loops_started(cleat.logdir / "drain.log")
+    if started is not None and last:
+        warm = (last - started).total_seconds()
+        print(
+            f"  from the first worker loop's start ({(started - spawn).total_seconds():.2f} s "
+            f"after the spawn; a running worker has started already): "
+            f"{done / warm:,.0f} runs/s in {warm:.1f} s"
+        )
+    group_commit_lines(cleat.logdir / "drain.log")
+    per = max(1, done)
+    print(
+        f"  CPU per run: worker {worker_cpu / per * 1000:.2f} ms (its start included: "
+        f"{worker_cpu:.2f} s in all), PostgreSQL server {server_cpu / per * 1000:.2f} ms"
+    )
+    return code
+
+
+def drain_running(cleat: Cleat, server: Server, args: argparse.Namespace, since: datetime) -> int:
+    """The set started at ``since``, all due at one instant T, drained by a ``runworker``
+    already running (idle) at T, as in production: runs/s from T to the last run done, the
+    CPU per run of its processes and of the server from T on. Its exit code."""
+    from django.db.models import Max
+    from django.utils import timezone
+
+    from workflows.models import RunStatus, WorkflowInstance
+    from workflows.tenancy import tenant_context
+
+    with tenant_context(cleat.tenant.id):
+        runs = WorkflowInstance.objects.filter(status=RunStatus.READY, created_at__gte=since)
+        latest = runs.aggregate(m=Max("next_wake_at"))["m"]
+    # T: the latest wake-up of the set (no sleep's recorded end is later), and late enough
+    # for the worker to start and go idle before it.
+    instant = max(latest, timezone.now() + timedelta(seconds=15))
+    moved = server.psql(
+        cleat.db,
+        "UPDATE workflows_workflowinstance SET next_wake_at = "
+        f"'{instant.isoformat()}' WHERE status = 'ready' AND next_wake_at IS NOT NULL "
+        f"AND created_at >= '{since.isoformat()}'",
+    )
+    server.psql(cleat.db, "VACUUM ANALYZE workflows_workflowinstance")
+    cleat.analyze()
+    before = counts(cleat)["done"]
+    log = cleat.logdir / "drain-running.log"
+    worker = cleat.runworker(
+        "--concurrency",
+        str(args.threads),
+        "--claim-ahead",
+        args.claim_ahead,
+        "--processes",
+        str(args.processes),
+        log=log.name,
+    )
+    try:
+        wait_until(
+            lambda: (
+                log.exists() and log.read_text().count("event=worker_started") >= args.processes
+            ),
+            60,
+            "the running worker's start",
+        )
+        if timezone.now() >= instant:
+            raise SystemExit(f"the worker started after T ({instant}): {moved}")
+        print(
+            f"{moved.split()[-1]} timers moved to one instant T; the worker is idle "
+            f"{(instant - timezone.now()).total_seconds():.1f} s before it",
+            flush=True,
+        )
+        time.sleep(max(0.0, (instant - timezone.now()).total_seconds()))
+        worker_cpu, server_cpu = process_cpu_seconds(worker.pid), database_cpu_seconds()
+        deadline = time.monotonic() + 3600
+        while counts(cleat)["done"] - before < args.timers and time.monotonic() < deadline:
+            if worker.poll() is not None:
+                break
+            time.sleep(0.1)
+        worker_cpu = process_cpu_seconds(worker.pid) - worker_cpu
+        server_cpu = database_cpu_seconds() - server_cpu
+    finally:
+        worker.terminate()
+        code = worker.wait(timeout=120)
+    with tenant_context(cleat.tenant.id):
+        last = WorkflowInstance.objects.aggregate(m=Max("completed_at"))["m"]
+    done = counts(cleat)["done"] - before
+    seconds = (last - instant).total_seconds() if last else float("nan")
+    rate = done / seconds if seconds else 0.0
+    verdict = "met" if rate >= GOAL_DRAIN_RUNS_S and done == args.timers else "MISSED"
+    print(
+        f"drain by a worker running when they fall due at one instant: {done}/{args.timers} "
+        f"done in {seconds:.1f} s from T (exit {code}): {rate:,.0f} runs/s, "
+        f"{args.processes} process(es) x {args.threads} threads "
+        f"(goal {GOAL_DRAIN_RUNS_S:,.0f}: {verdict})"
+    )
+    group_commit_lines(log)
+    per = max(1, done)
+    print(
+        f"  CPU per run from T: worker {worker_cpu / per * 1000:.2f} ms, PostgreSQL server "
+        f"{server_cpu / per * 1000:.2f} ms"
+    )
+    return code
+
+
+def process_cpu_seconds(pid: int) -> float:
+    """User and system CPU seconds of ``pid`` and its children (a runworker's processes)."""
+    ticks = 0
+    pids = [pid]
+    with contextlib.suppress(OSError):
+        pids += [int(c) for c in Path(f"/proc/{pid}/task/{pid}/children").read_text().split()]
+    for p in pids:
+        with contextlib.suppress(OSError):
+            fields = Path(f"/proc/{p}/stat").read_text().rsplit(")", 1)[1].split()
+            ticks += int(fields[11]) + int(fields[12])
+    return ticks / os.sysconf("SC_CLK_TCK")
+
+
 def counts(cleat: Cleat) -> dict[str, Any]:
     from django.db.models import Count, Q, Sum
 
@@ -287,6 +495,14 @@ def main() -> int:
         " (0: none)",
     )
     parser.add_argument(
+        "--drain",
+        choices=("spawn", "running", "both"),
+        default="both",
+        help="how the timers are drained: by a runworker spawned once they are due, by one"
+        " already running when they fall due at one instant, or both (default; twice the"
+        " timers)",
+    )
+    parser.add_argument(
         "--claim-ahead",
         default="auto",
         help="the drain's runworker --claim-ahead (default auto, runworker's default)",
@@ -323,87 +539,18 @@ def run(cleat: Cleat, server: Server, args: argparse.Namespace) -> int:
     recheck = os.environ.get("CLEAT_WAIT_RECHECK_SECONDS", "the default")
     print(f"CLEAT_WAIT_RECHECK_SECONDS: {recheck}")
 
-    # 1. Timers due at once.
-    began = time.monotonic()
-    # A run's input, --input-kb of hex digits (incompressible), or none.
-    payload = {"blob": os.urandom(args.input_kb * 512).hex()} if args.input_kb else None
-    for _ in range(args.timers):
-        start_workflow(cleat.tenant, "sleeper", payload)
-    connections.close_all()
-    started = time.monotonic()
-    measured = first_segments(cleat, server, args, args.timers, "first-segments.log")
-    print(f"{args.timers} runs started in {started - began:.0f} s")
-    # Each first segment suspends on its timer: the finalize of a wait (on PostgreSQL one
-    # call of cleat.finalize_wait), the path of every segment that waits.
-    print_first_segments(
-        "each suspends on its timer", args, args.timers, measured, f" (input {args.input_kb} KB)"
-    )
-    from django.db.models import Max
-
-    from workflows.models import WorkflowInstance
-    from workflows.tenancy import tenant_context
-
-    with tenant_context(cleat.tenant.id):
-        due = WorkflowInstance.objects.aggregate(m=Max("next_wake_at"))["m"]
-    pause = max(0.0, (due - timezone.now()).total_seconds() + 1)
-    print(f"waiting {pause:.0f} s until every timer is due", flush=True)
-    time.sleep(pause)
-    server.psql(cleat.db, "VACUUM ANALYZE workflows_workflowinstance")
-    cleat.analyze()
-    worker_cpu, server_cpu = children_cpu_seconds(), database_cpu_seconds()
-    spawn = timezone.now()
-    drain = cleat.runworker(
-        "--concurrency",
-        str(args.threads),
-        "--claim-ahead",
-        args.claim_ahead,
-        "--processes",
-        str(args.processes),
-        "--burst",
-        log="drain.log",
-    )
-    code = drain.wait(timeout=3600)
-    worker_cpu = children_cpu_seconds() - worker_cpu
-    server_cpu = database_cpu_seconds() - server_cpu
-
-    with tenant_context(cleat.tenant.id):
-        last = WorkflowInstance.objects.aggregate(m=Max("completed_at"))["m"]
-    got = counts(cleat)
-    seconds = (last - spawn).total_seconds() if last else float("nan")
-    rate = got["done"] / seconds if seconds else 0.0
-    verdict = "met" if rate >= GOAL_DRAIN_RUNS_S and got["done"] == args.timers else "MISSED"
-    print(
-        f"drain: {got['done']}/{args.timers} done in {seconds:.1f} s (exit {code}): "
-        f"{rate:,.0f} runs/s, {args.processes} process(es) x {args.threads} threads "
-        f"(goal {GOAL_DRAIN_RUNS_S:,.0f}: {verdict})"
-    )
-    started = loops_started(cleat.logdir / "drain.log")
-    if started is not None and last:
-        warm = (last - started).total_seconds()
-        print(
-            f"  from the first worker loop's start ({(started - spawn).total_seconds():.2f} s "
-            f"after the spawn; a running worker has started already): "
-            f"{got['done'] / warm:,.0f} runs/s in {warm:.1f} s"
-        )
-    done = max(1, got["done"])
-    stopped = [
-        line
-        for line in (cleat.logdir / "drain.log").read_text().splitlines()
-        if "event=worker_stopped" in line
-    ]
-    for line in stopped:  # each process's writes: direct, or in shared transactions
-        print(
-            "  "
-            + " ".join(
-                f
-                for f in line.split()
-                if f.startswith(("group_commit", "group_finalize", "group_suspend"))
-            )
-        )
-    print(
-        f"  CPU per run: worker {worker_cpu / done * 1000:.2f} ms (its start included: "
-        f"{worker_cpu:.2f} s in all), PostgreSQL server {server_cpu / done * 1000:.2f} ms"
-    )
+    # 1. Timers due at once: a set of --timers runs for each way of draining them; the
+    # second set is started and run through its first segments while the first one sleeps.
+    ways = ["spawn", "running"] if args.drain == "both" else [args.drain]
+    marks = []
+    for n, _way in enumerate(ways):
+        marks.append(timezone.now())
+        start_timers(cleat, server, args, expect=(n + 1) * args.timers)
+    code = 0
+    if "spawn" in ways:
+        code = drain_spawned(cleat, server, args)
+    if "running" in ways:
+        code = drain_running(cleat, server, args, marks[-1]) or code
 
     # 1b. Runs that wait for a signal: each first segment looks for one (none has come) and
     # suspends on the wait.
