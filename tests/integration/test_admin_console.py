@@ -195,6 +195,12 @@ def test_parent_children_and_continue_as_new_chain_are_linked(tenant: Any, op: C
     assert f"{RUNS}{successor}/change/" in html.split('id="run-chain"')[1].split("</td>")[0]
     child_html = page(op, f"{RUNS}{child}/change/")
     assert f"{RUNS}{parent}/change/" in child_html.split('id="run-parent"')[1].split("</td>")[0]
+    assert 'id="run-detached-from"' not in child_html
+    with tenant_context(tenant.id):  # a run started by the parent with run_detached
+        WorkflowInstance.objects.filter(id=child).update(parent_id=None, detached_from=parent)
+    detached_html = page(op, f"{RUNS}{child}/change/")
+    link = detached_html.split('id="run-detached-from"')[1].split("</td>")[0]
+    assert f"{RUNS}{parent}/change/" in link
 
 
 def test_state_at_step_replays_the_history_without_side_effects(

@@ -619,6 +619,35 @@ def test_children_and_continue_as_new_chain(
     )
 
 
+def test_a_detached_run_names_the_run_that_started_it(
+    admin_api: Api, env: DatabaseWorkflowEnvironment
+) -> None:
+    """``detached_from``: the run that started this one with ``run_detached`` (null for a run
+    started otherwise, and for the starter itself); the detached run is not its child."""
+    from tests.fixtures.wat import Wat
+
+    sleeper = Wat()
+    sleeper.run("(drop (call $durable_sleep (i64.const 60000))) (call $finish)")
+    starter = Wat()
+    starter.run(
+        f"""
+    (local.set $d (call $run_detached {starter.s("sleeper")} {starter.js({})}))
+    (call $rec (call $await_child {starter.payload("d")}))
+    (call $finish)""",
+        locals="$d i64",
+    )
+    admin_api.deploy("sleeper", sleeper.wasm())
+    admin_api.deploy("starter", starter.wasm())
+    run = admin_api.start("starter").json()["id"]
+    env.run_until_idle()
+    runs = admin_api.get("/api/v1/workflows", {"definition": "sleeper"}).json()["results"]
+    assert [r["detached_from"] for r in runs] == [run]
+    detached = admin_api.get(f"/api/v1/workflows/{runs[0]['id']}").json()
+    assert detached["detached_from"] == run and detached["parent"] is None
+    assert admin_api.get(f"/api/v1/workflows/{run}").json()["detached_from"] is None
+    assert admin_api.get(f"/api/v1/workflows/{run}/children").json()["results"] == []
+
+
 # --- errors ------------------------------------------------------------------------------------
 
 

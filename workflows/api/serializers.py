@@ -373,6 +373,12 @@ class RunSerializer(serializers.ModelSerializer):
         source="continued_from_id", read_only=True, allow_null=True
     )
     continued_as = serializers.SerializerMethodField()
+    detached_from = serializers.UUIDField(
+        read_only=True,
+        allow_null=True,
+        help_text="The run that started this one with `run_detached` (its end wakes that run); "
+        "null for a run started otherwise.",
+    )
 
     class Meta:
         model = WorkflowInstance
@@ -398,6 +404,7 @@ class RunSerializer(serializers.ModelSerializer):
             "parent",
             "continued_from",
             "continued_as",
+            "detached_from",
             "cancel_requested",
             "trace_id",
             "created_at",
