@@ -22,7 +22,9 @@ due at one instant drain quickly. PostgreSQL, the worker as the application role
    bench prints runs/s from T to the last run done and the CPU per run of the worker's
    processes and of the server from T on. Then ``--signal-waits`` runs (default 2,000; 0:
    none) each wait for a signal that does not come: the rate, CPU and WAL of their first
-   segments, which look for the signal and suspend.
+   segments, which look for the signal and suspend. Before the timers start the bench
+   prints pgbench's single-client one-row INSERT rate on the same server
+   (``--pgbench-seconds``, default 10; 0: none), the machine's speed in this run.
 2. **Many waiting runs.** The database then holds ``--waiting`` runs that wait (copies of
    the sleeping runs' rows with their histories, each due when the lifecycle set it). A
    worker polls beside them for ``--watch`` seconds; the bench prints its resident memory
@@ -50,6 +52,7 @@ from bench.store_bench import (
     ServerCounters,
     children_cpu_seconds,
     database_cpu_seconds,
+    pgbench_inserts,
 )
 
 # Sleeps SLEEP_MS, then completes with `true`.
@@ -218,6 +221,9 @@ def start_timers(cleat: Cleat, server: Server, args: argparse.Namespace, expect:
         start_workflow(cleat.tenant, "sleeper", payload)
     connections.close_all()
     started = time.monotonic()
+    # The statistics a database in use has (autovacuum's): without them the first set's
+    # segments cost the server three to four times the CPU of the second set's.
+    cleat.analyze()
     measured = first_segments(cleat, server, args, expect, "first-segments.log")
     print(f"{args.timers} runs started in {started - began:.0f} s")
     # Each first segment suspends on its timer: the finalize of a wait (on PostgreSQL one
@@ -310,28 +316,54 @@ def drain_spawned(cleat: Cleat, server: Server, args: argparse.Namespace) -> int
     return code
 
 
-def drain_running(cleat: Cleat, server: Server, args: argparse.Namespace, since: datetime) -> int:
-    """The set started at ``since``, all due at one instant T, drained by a ``runworker``
-    already running (idle) at T, as in production: runs/s from T to the last run done, the
-    CPU per run of its processes and of the server from T on. Its exit code."""
+def move_timers(
+    server: Server, cleat: Cleat, since: datetime, ahead: timedelta, to: datetime | None = None
+) -> tuple[datetime, int]:
+    """Every waiting timer of the runs started since ``since`` made due at one instant: ``to``,
+    or ``ahead`` after the latest of them. (The latest due time they had, how many moved.)"""
     from django.db.models import Max
-    from django.utils import timezone
 
     from workflows.models import RunStatus, WorkflowInstance
     from workflows.tenancy import tenant_context
 
     with tenant_context(cleat.tenant.id):
-        runs = WorkflowInstance.objects.filter(status=RunStatus.READY, created_at__gte=since)
-        latest = runs.aggregate(m=Max("next_wake_at"))["m"]
-    # T: the latest wake-up of the set (no sleep's recorded end is later), and late enough
-    # for the worker to start and go idle before it.
-    instant = max(latest, timezone.now() + timedelta(seconds=15))
+        latest = WorkflowInstance.objects.filter(
+            status=RunStatus.READY, next_wake_at__isnull=False, created_at__gte=since
+        ).aggregate(m=Max("next_wake_at"))["m"]
+    instant = to or latest + ahead
     moved = server.psql(
         cleat.db,
-        "UPDATE workflows_workflowinstance SET next_wake_at = "
-        f"'{instant.isoformat()}' WHERE status = 'ready' AND next_wake_at IS NOT NULL "
+        f"UPDATE workflows_workflowinstance SET next_wake_at = '{instant.isoformat()}' "
+        f"WHERE status = 'ready' AND next_wake_at IS NOT NULL "
         f"AND created_at >= '{since.isoformat()}'",
     )
+    return latest, int(moved.split()[-1])
+
+
+def drain_running(
+    cleat: Cleat,
+    server: Server,
+    args: argparse.Namespace,
+    since: datetime,
+    latest: datetime | None,
+) -> int:
+    """The set started at ``since``, all due at one instant T, drained by a ``runworker``
+    already running (idle) at T, as in production: runs/s from T to the last run done, the
+    CPU per run of its processes and of the server from T on. ``latest``: the latest wake-up
+    the set's sleeps recorded, when they were moved since (None: their due times now). Its
+    exit code."""
+    from django.db.models import Max
+    from django.utils import timezone
+
+    from workflows.models import WorkflowInstance
+    from workflows.tenancy import tenant_context
+
+    if latest is None:
+        latest = move_timers(server, cleat, since, timedelta(0))[0]
+    # T: no earlier than the latest wake-up of the set (no sleep's recorded end is later),
+    # and late enough for the worker to start and go idle before it.
+    instant = max(latest, timezone.now() + timedelta(seconds=15))
+    moved = move_timers(server, cleat, since, timedelta(0), to=instant)[1]
     server.psql(cleat.db, "VACUUM ANALYZE workflows_workflowinstance")
     cleat.analyze()
     before = counts(cleat)["done"]
@@ -354,16 +386,16 @@ def drain_running(cleat: Cleat, server: Server, args: argparse.Namespace, since:
             "the running worker's start",
         )
         if timezone.now() >= instant:
-            raise SystemExit(f"the worker started after T ({instant}): {moved}")
+            raise SystemExit(f"the worker started after T ({instant})")
         print(
-            f"{moved.split()[-1]} timers moved to one instant T; the worker is idle "
+            f"{moved} timers moved to one instant T; the worker is idle "
             f"{(instant - timezone.now()).total_seconds():.1f} s before it",
             flush=True,
         )
         time.sleep(max(0.0, (instant - timezone.now()).total_seconds()))
         worker_cpu, server_cpu = process_cpu_seconds(worker.pid), database_cpu_seconds()
         deadline = time.monotonic() + 3600
-        while counts(cleat)["done"] - before < args.timers and time.monotonic() < deadline:
+        while counts(cleat)["done"] - before < moved and time.monotonic() < deadline:
             if worker.poll() is not None:
                 break
             time.sleep(0.1)
@@ -503,6 +535,14 @@ def main() -> int:
         " timers)",
     )
     parser.add_argument(
+        "--pgbench-seconds",
+        type=int,
+        default=10,
+        help="pgbench's single-client one-row INSERT rate on the same server, measured for"
+        " that long before the timers start (0: not measured): the machine's speed in this"
+        " run, to set the drains beside",
+    )
+    parser.add_argument(
         "--claim-ahead",
         default="auto",
         help="the drain's runworker --claim-ahead (default auto, runworker's default)",
@@ -514,6 +554,15 @@ def main() -> int:
         parser.error(f"--signal-waits must be 0 or more, not {args.signal_waits}")
     print(f"load average {' '.join(f'{x:.1f}' for x in os.getloadavg())}")
     server = Server(args.pg)
+    if args.pgbench_seconds > 0:
+        with tempfile.TemporaryDirectory(prefix="cleat-waiting-pgbench-") as workdir:
+            try:
+                tps = pgbench_inserts(
+                    server, "cleat_bench_waiting_pgbench", args.pgbench_seconds, Path(workdir)
+                )
+            finally:
+                server.drop("cleat_bench_waiting_pgbench")
+        print(f"pgbench, one client, one-row INSERTs: {tps:,.0f} tps (this run's machine)")
     with tempfile.TemporaryDirectory(prefix="cleat-waiting-bench-") as logdir:
         cleat = Cleat(server, "cleat_bench_waiting", 60, Path(logdir))
         cleat.prepare()
@@ -542,15 +591,17 @@ def run(cleat: Cleat, server: Server, args: argparse.Namespace) -> int:
     # 1. Timers due at once: a set of --timers runs for each way of draining them; the
     # second set is started and run through its first segments while the first one sleeps.
     ways = ["spawn", "running"] if args.drain == "both" else [args.drain]
-    marks = []
-    for n, _way in enumerate(ways):
-        marks.append(timezone.now())
-        start_timers(cleat, server, args, expect=(n + 1) * args.timers)
+    since = timezone.now()
+    start_timers(cleat, server, args, expect=args.timers)
+    if len(ways) == 2:  # the second set, parked a day ahead until the first is drained
+        since = timezone.now()
+        start_timers(cleat, server, args, expect=2 * args.timers)
+        latest = move_timers(server, cleat, since, timedelta(days=1))[0]
     code = 0
     if "spawn" in ways:
         code = drain_spawned(cleat, server, args)
     if "running" in ways:
-        code = drain_running(cleat, server, args, marks[-1]) or code
+        code = drain_running(cleat, server, args, since, latest if len(ways) == 2 else None) or code
 
     # 1b. Runs that wait for a signal: each first segment looks for one (none has come) and
     # suspends on the wait.
