@@ -552,6 +552,10 @@ def main() -> int:
         parser.error(f"--input-kb must be 0 or more, not {args.input_kb}")
     if args.signal_waits < 0:
         parser.error(f"--signal-waits must be 0 or more, not {args.signal_waits}")
+    if args.timers < 1:
+        parser.error(f"--timers must be 1 or more, not {args.timers}")
+    if args.pgbench_seconds < 0:
+        parser.error(f"--pgbench-seconds must be 0 or more, not {args.pgbench_seconds}")
     print(f"load average {' '.join(f'{x:.1f}' for x in os.getloadavg())}")
     server = Server(args.pg)
     if args.pgbench_seconds > 0:
@@ -610,6 +614,7 @@ def run(cleat: Cleat, server: Server, args: argparse.Namespace) -> int:
         for _ in range(args.signal_waits):
             start_workflow(cleat.tenant, "signal_waiter", None)
         connections.close_all()
+        cleat.analyze()  # as for the timers' first segments
         measured = first_segments(cleat, server, args, args.signal_waits, "signal-waits.log")
         print_first_segments("each waits for a signal", args, args.signal_waits, measured)
 
