@@ -249,10 +249,28 @@ def group_commit_lines(log: Path) -> None:
             )
 
 
+def drained(
+    cleat: Cleat, args: argparse.Namespace, before: int, since: datetime
+) -> tuple[int, datetime | None, float, float, str]:
+    """A drain's figures: the runs it completed (those done beyond ``before``), when the last
+    of them completed, its seconds from ``since`` to then, its rate and the goal's verdict."""
+    from django.db.models import Max
+
+    from workflows.models import WorkflowInstance
+    from workflows.tenancy import tenant_context
+
+    with tenant_context(cleat.tenant.id):
+        last = WorkflowInstance.objects.aggregate(m=Max("completed_at"))["m"]
+    done = counts(cleat)["done"] - before
+    seconds = (last - since).total_seconds() if last else float("nan")
+    rate = done / seconds if seconds else 0.0
+    verdict = "met" if rate >= GOAL_DRAIN_RUNS_S and done == args.timers else "MISSED"
+    return done, last, seconds, rate, verdict
+
+
 def drain_spawned(cleat: Cleat, server: Server, args: argparse.Namespace) -> int:
     """The first set's timers, once every one is due, drained by a ``runworker --burst``
     spawned then: its exit code."""
-    from django.db.models import Max
     from django.utils import timezone
 
     from workflows.models import RunStatus, WorkflowInstance
@@ -288,12 +306,7 @@ def drain_spawned(cleat: Cleat, server: Server, args: argparse.Namespace) -> int
     worker_cpu = children_cpu_seconds() - worker_cpu
     server_cpu = database_cpu_seconds() - server_cpu
 
-    with tenant_context(cleat.tenant.id):
-        last = WorkflowInstance.objects.aggregate(m=Max("completed_at"))["m"]
-    done = counts(cleat)["done"] - before
-    seconds = (last - spawn).total_seconds() if last else float("nan")
-    rate = done / seconds if seconds else 0.0
-    verdict = "met" if rate >= GOAL_DRAIN_RUNS_S and done == args.timers else "MISSED"
+    done, last, seconds, rate, verdict = drained(cleat, args, before, spawn)
     print(
         f"drain by a worker spawned once they are due: {done}/{args.timers} done in "
         f"{seconds:.1f} s (exit {code}): {rate:,.0f} runs/s, {args.processes} process(es) x "
@@ -352,11 +365,7 @@ def drain_running(
     CPU per run of its processes and of the server from T on. ``latest``: the latest wake-up
     the set's sleeps recorded, when they were moved since (None: their due times now). Its
     exit code."""
-    from django.db.models import Max
     from django.utils import timezone
-
-    from workflows.models import WorkflowInstance
-    from workflows.tenancy import tenant_context
 
     if latest is None:
         latest = move_timers(server, cleat, since, timedelta(0))[0]
@@ -404,12 +413,7 @@ def drain_running(
     finally:
         worker.terminate()
         code = worker.wait(timeout=120)
-    with tenant_context(cleat.tenant.id):
-        last = WorkflowInstance.objects.aggregate(m=Max("completed_at"))["m"]
-    done = counts(cleat)["done"] - before
-    seconds = (last - instant).total_seconds() if last else float("nan")
-    rate = done / seconds if seconds else 0.0
-    verdict = "met" if rate >= GOAL_DRAIN_RUNS_S and done == args.timers else "MISSED"
+    done, _, seconds, rate, verdict = drained(cleat, args, before, instant)
     print(
         f"drain by a worker running when they fall due at one instant: {done}/{args.timers} "
         f"done in {seconds:.1f} s from T (exit {code}): {rate:,.0f} runs/s, "
