@@ -22,6 +22,7 @@ from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any
 
+from django.db import connection
 from django.db.models import Count, Max, Q, QuerySet
 
 from engine.errors import InvalidModule
@@ -37,6 +38,7 @@ from workflows.models import (
     WorkflowInstance,
 )
 from workflows.services import Conflict, InvalidInput, NotFound, check_name
+from workflows.store.sql import queries
 from workflows.tenancy import tenant_context
 
 DEFAULT_MIN_VERSIONS_TO_KEEP = 3
@@ -166,8 +168,6 @@ def parse_plugin_dependencies(items: Sequence[str]) -> dict[str, str]:
 def _check_packet_size(size: int) -> None:
     """MySQL/MariaDB refuse a statement larger than ``max_allowed_packet`` by dropping the
     connection ("server has gone away"); say so before trying. Python components are ~20 MB."""
-    from django.db import connection
-
     if connection.vendor != "mysql":
         return
     with connection.cursor() as cursor:
@@ -187,7 +187,16 @@ def resolve_definition(
     """Explicit version, else a tag, else weighted routing rules, else the latest
     non-deprecated version."""
     defs = WorkflowDefinition.objects.filter(tenant_id=tenant.id, name=name).defer("wasm")
-    deployed = dict(defs.values_list("version", "deprecated"))
+    rules: list[tuple[int, float]] | None = None  # (version, weight); None: not read yet
+    read = queries(connection).get("definition_versions")
+    if read is not None:  # the versions and the routing rules in one statement
+        with connection.cursor() as cursor:
+            cursor.execute(read, [tenant.id, name, tenant.id, name])
+            rows = cursor.fetchall()
+        deployed = {number: deprecated for number, deprecated, weight in rows if weight is None}
+        rules = [(number, weight) for number, _, weight in rows if weight is not None]
+    else:
+        deployed = dict(defs.values_list("version", "deprecated"))
     routed = 0
     if deployed and version is None:
         if tag:
@@ -196,9 +205,14 @@ def resolve_definition(
                 raise NotFound(f"{name} has no tag {tag!r}", field="tag")
             version = pinned.version
         else:
-            rules = list(RoutingRule.objects.filter(tenant_id=tenant.id, name=name, weight__gt=0))
+            if rules is None:
+                rules = list(
+                    RoutingRule.objects.filter(
+                        tenant_id=tenant.id, name=name, weight__gt=0
+                    ).values_list("version", "weight")
+                )
             if rules:
-                routed = random.choices(rules, weights=[r.weight for r in rules])[0].version
+                routed = random.choices(rules, weights=[weight for _, weight in rules])[0][0]
     if not deployed:
         raise unknown_name(tenant, name, "definition")
     try:

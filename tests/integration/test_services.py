@@ -705,6 +705,35 @@ def test_version_resolution_order(tenant: Tenant, versions: str) -> None:
     assert caught.value.field == "version" and "no version 7" in caught.value.message
 
 
+def test_a_start_reads_the_versions_and_rules_in_one_statement(
+    tenant: Tenant, versions: str
+) -> None:
+    """Resolving a definition reads the deployed versions and the routing rules in one
+    statement where the dialect has it (PostgreSQL), in two through the ORM elsewhere, and
+    the chosen version's row in one more. A rule whose version is no longer deployed keeps
+    its share (the start falls back to the newest live version); a rule of weight 0 never
+    routes."""
+    from django.test.utils import CaptureQueriesContext
+
+    expected = 2 if connection.vendor == "postgresql" else 3
+    with tenant_context(tenant.id):
+        RoutingRule.objects.create(tenant=tenant, name=versions, version=1, weight=0.0)
+        with CaptureQueriesContext(connection) as plain:
+            assert definitions.resolve_definition(tenant, versions).version == 3
+        RoutingRule.objects.create(tenant=tenant, name=versions, version=9, weight=5.0)
+        assert {definitions.resolve_definition(tenant, versions).version for _ in range(5)} == {3}
+        RoutingRule.objects.filter(name=versions, version=1).update(weight=1.0)
+        RoutingRule.objects.filter(name=versions, version=9).delete()
+        with CaptureQueriesContext(connection) as routed:
+            assert definitions.resolve_definition(tenant, versions).version == 1
+        with CaptureQueriesContext(connection) as explicit:
+            assert definitions.resolve_definition(tenant, versions, version=2).version == 2
+    assert len(plain.captured_queries) == expected, [q["sql"] for q in plain.captured_queries]
+    assert len(routed.captured_queries) == expected, [q["sql"] for q in routed.captured_queries]
+    # An explicit version reads no rules.
+    assert len(explicit.captured_queries) == 2, [q["sql"] for q in explicit.captured_queries]
+
+
 def test_weighted_routing_splits_starts(
     tenant: Tenant, versions: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:

