@@ -59,7 +59,7 @@ import tempfile
 import time
 import uuid
 from collections import defaultdict
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -361,6 +361,16 @@ def database_cpu_seconds() -> float:
             total += int(st[14]) + int(st[15])
         seen = True
     return total / _CLOCK_TICKS if seen else float("nan")
+
+
+def process_cpu_seconds(pids: Iterable[int]) -> float:
+    """User and system CPU seconds the live processes ``pids`` have used."""
+    total = 0
+    for pid in pids:
+        st = _proc_stat(str(pid))
+        if st is not None:
+            total += int(st[12]) + int(st[13])
+    return total / _CLOCK_TICKS
 
 
 @dataclass(frozen=True)

@@ -39,6 +39,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import os
+import subprocess
 import tempfile
 import time
 import uuid
@@ -53,6 +54,7 @@ from bench.store_bench import (
     children_cpu_seconds,
     database_cpu_seconds,
     pgbench_inserts,
+    process_cpu_seconds,
 )
 
 # Sleeps SLEEP_MS, then completes with `true`.
@@ -94,16 +96,18 @@ GOAL_DRAIN_RUNS_S = 2000.0
 GOAL_RSS_GROWTH_MB = 50.0
 
 
-def rss_mb(pid: int) -> float:
-    """Resident memory of ``pid`` and its children (a runworker's processes)."""
-    total = 0
+def runworker_pids(pid: int) -> list[int]:
+    """``pid`` and its children: a runworker's processes (its workers, when it forked them)."""
     pids = [pid]
-    try:
-        children = Path(f"/proc/{pid}/task/{pid}/children").read_text().split()
-        pids += [int(c) for c in children]
-    except OSError:
-        pass
-    for p in pids:
+    with contextlib.suppress(OSError):
+        pids += [int(c) for c in Path(f"/proc/{pid}/task/{pid}/children").read_text().split()]
+    return pids
+
+
+def rss_mb(pid: int) -> float:
+    """Resident memory of a runworker's processes (``runworker_pids``)."""
+    total = 0
+    for p in runworker_pids(pid):
         try:
             for line in Path(f"/proc/{p}/status").read_text().splitlines():
                 if line.startswith("VmRSS:"):
@@ -268,6 +272,22 @@ def drained(
     return done, last, seconds, rate, verdict
 
 
+def drain_worker(
+    cleat: Cleat, args: argparse.Namespace, log: str, *extra: str
+) -> subprocess.Popen[bytes]:
+    """A drain's ``runworker``: ``--processes`` of ``--threads`` each, ``--claim-ahead``."""
+    return cleat.runworker(
+        "--concurrency",
+        str(args.threads),
+        "--claim-ahead",
+        args.claim_ahead,
+        "--processes",
+        str(args.processes),
+        *extra,
+        log=log,
+    )
+
+
 def drain_spawned(cleat: Cleat, server: Server, args: argparse.Namespace) -> int:
     """The first set's timers, once every one is due, drained by a ``runworker --burst``
     spawned then: its exit code."""
@@ -292,16 +312,7 @@ def drain_spawned(cleat: Cleat, server: Server, args: argparse.Namespace) -> int
     before = counts(cleat)["done"]
     worker_cpu, server_cpu = children_cpu_seconds(), database_cpu_seconds()
     spawn = timezone.now()
-    drain = cleat.runworker(
-        "--concurrency",
-        str(args.threads),
-        "--claim-ahead",
-        args.claim_ahead,
-        "--processes",
-        str(args.processes),
-        "--burst",
-        log="drain.log",
-    )
+    drain = drain_worker(cleat, args, "drain.log", "--burst")
     code = drain.wait(timeout=3600)
     worker_cpu = children_cpu_seconds() - worker_cpu
     server_cpu = database_cpu_seconds() - server_cpu
@@ -329,28 +340,29 @@ def drain_spawned(cleat: Cleat, server: Server, args: argparse.Namespace) -> int
     return code
 
 
-def move_timers(
-    server: Server, cleat: Cleat, since: datetime, ahead: timedelta, to: datetime | None = None
-) -> tuple[datetime, int]:
-    """Every waiting timer of the runs started since ``since`` made due at one instant: ``to``,
-    or ``ahead`` after the latest of them. (The latest due time they had, how many moved.)"""
+def latest_wake(cleat: Cleat, since: datetime) -> datetime:
+    """The latest due time of the waiting timers of the runs started since ``since``."""
     from django.db.models import Max
 
     from workflows.models import RunStatus, WorkflowInstance
     from workflows.tenancy import tenant_context
 
     with tenant_context(cleat.tenant.id):
-        latest = WorkflowInstance.objects.filter(
+        return WorkflowInstance.objects.filter(
             status=RunStatus.READY, next_wake_at__isnull=False, created_at__gte=since
         ).aggregate(m=Max("next_wake_at"))["m"]
-    instant = to or latest + ahead
+
+
+def move_timers(server: Server, cleat: Cleat, since: datetime, to: datetime) -> int:
+    """Every waiting timer of the runs started since ``since`` made due at ``to``: how many
+    moved."""
     moved = server.psql(
         cleat.db,
-        f"UPDATE workflows_workflowinstance SET next_wake_at = '{instant.isoformat()}' "
+        f"UPDATE workflows_workflowinstance SET next_wake_at = '{to.isoformat()}' "
         f"WHERE status = 'ready' AND next_wake_at IS NOT NULL "
         f"AND created_at >= '{since.isoformat()}'",
     )
-    return latest, int(moved.split()[-1])
+    return int(moved.split()[-1])
 
 
 def drain_running(
@@ -368,24 +380,16 @@ def drain_running(
     from django.utils import timezone
 
     if latest is None:
-        latest = move_timers(server, cleat, since, timedelta(0))[0]
+        latest = latest_wake(cleat, since)
     # T: no earlier than the latest wake-up of the set (no sleep's recorded end is later),
     # and late enough for the worker to start and go idle before it.
     instant = max(latest, timezone.now() + timedelta(seconds=15))
-    moved = move_timers(server, cleat, since, timedelta(0), to=instant)[1]
+    moved = move_timers(server, cleat, since, instant)
     server.psql(cleat.db, "VACUUM ANALYZE workflows_workflowinstance")
     cleat.analyze()
     before = counts(cleat)["done"]
     log = cleat.logdir / "drain-running.log"
-    worker = cleat.runworker(
-        "--concurrency",
-        str(args.threads),
-        "--claim-ahead",
-        args.claim_ahead,
-        "--processes",
-        str(args.processes),
-        log=log.name,
-    )
+    worker = drain_worker(cleat, args, log.name)
     try:
         wait_until(
             lambda: (
@@ -402,13 +406,14 @@ def drain_running(
             flush=True,
         )
         time.sleep(max(0.0, (instant - timezone.now()).total_seconds()))
-        worker_cpu, server_cpu = process_cpu_seconds(worker.pid), database_cpu_seconds()
+        pids = runworker_pids(worker.pid)  # its processes, all started by now
+        worker_cpu, server_cpu = process_cpu_seconds(pids), database_cpu_seconds()
         deadline = time.monotonic() + 3600
         while counts(cleat)["done"] - before < moved and time.monotonic() < deadline:
             if worker.poll() is not None:
                 break
             time.sleep(0.1)
-        worker_cpu = process_cpu_seconds(worker.pid) - worker_cpu
+        worker_cpu = process_cpu_seconds(pids) - worker_cpu
         server_cpu = database_cpu_seconds() - server_cpu
     finally:
         worker.terminate()
@@ -427,19 +432,6 @@ def drain_running(
         f"{server_cpu / per * 1000:.2f} ms"
     )
     return code
-
-
-def process_cpu_seconds(pid: int) -> float:
-    """User and system CPU seconds of ``pid`` and its children (a runworker's processes)."""
-    ticks = 0
-    pids = [pid]
-    with contextlib.suppress(OSError):
-        pids += [int(c) for c in Path(f"/proc/{pid}/task/{pid}/children").read_text().split()]
-    for p in pids:
-        with contextlib.suppress(OSError):
-            fields = Path(f"/proc/{p}/stat").read_text().rsplit(")", 1)[1].split()
-            ticks += int(fields[11]) + int(fields[12])
-    return ticks / os.sysconf("SC_CLK_TCK")
 
 
 def counts(cleat: Cleat) -> dict[str, Any]:
@@ -601,15 +593,17 @@ def run(cleat: Cleat, server: Server, args: argparse.Namespace) -> int:
     ways = ["spawn", "running"] if args.drain == "both" else [args.drain]
     since = timezone.now()
     start_timers(cleat, server, args, expect=args.timers)
+    latest: datetime | None = None  # the running drain's set's, when it was parked
     if len(ways) == 2:  # the second set, parked a day ahead until the first is drained
         since = timezone.now()
         start_timers(cleat, server, args, expect=2 * args.timers)
-        latest = move_timers(server, cleat, since, timedelta(days=1))[0]
+        latest = latest_wake(cleat, since)
+        move_timers(server, cleat, since, latest + timedelta(days=1))
     code = 0
     if "spawn" in ways:
         code = drain_spawned(cleat, server, args)
     if "running" in ways:
-        code = drain_running(cleat, server, args, since, latest if len(ways) == 2 else None) or code
+        code = drain_running(cleat, server, args, since, latest) or code
 
     # 1b. Runs that wait for a signal: each first segment looks for one (none has come) and
     # suspends on the wait.
