@@ -84,7 +84,7 @@ def _appends_together(
 ) -> dict[str, Any]:
     """``runs`` threads, each in a segment, append one event at the same moment."""
     monkeypatch.setattr(group_commit, "write_batch", recorder)
-    monkeypatch.setattr(group_commit, "_can_batch", lambda: True)
+    monkeypatch.setattr(group_commit, "_can_batch", lambda conn: True)
     results: dict[str, Any] = {}
     barrier = threading.Barrier(runs)
 
@@ -137,7 +137,7 @@ def test_a_lone_append_is_written_at_once_when_nothing_else_is(monkeypatch: Any)
     group = GroupCommit(Settings(enabled=True, min_rate=0, max_events=64, max_wait_s=60.0))
     recorder = _Recorder()
     monkeypatch.setattr(group_commit, "write_batch", recorder)
-    monkeypatch.setattr(group_commit, "_can_batch", lambda: True)
+    monkeypatch.setattr(group_commit, "_can_batch", lambda conn: True)
     started = time.monotonic()
     assert group.append(uuid.uuid4(), _ref(0), [_event(0)], _now()) is True
     waited = time.monotonic() - started
@@ -155,7 +155,7 @@ def test_an_append_waits_for_the_write_in_progress_or_its_wait(monkeypatch: Any)
         )
         recorder = _Recorder(takes_s=0.3)
         monkeypatch.setattr(group_commit, "write_batch", recorder)
-        monkeypatch.setattr(group_commit, "_can_batch", lambda: True)
+        monkeypatch.setattr(group_commit, "_can_batch", lambda conn: True)
         waited: list[float] = []
 
         def first(group: GroupCommit = group) -> None:
@@ -196,7 +196,7 @@ def test_any_error_of_the_batch_is_no_one_runs_own(monkeypatch: Any) -> None:
         raise ValueError("not a database error")
 
     group = GroupCommit(Settings(enabled=True, min_rate=0, max_events=64, max_wait_s=60.0))
-    monkeypatch.setattr(group_commit, "_can_batch", lambda: True)
+    monkeypatch.setattr(group_commit, "_can_batch", lambda conn: True)
     monkeypatch.setattr(group_commit, "write_batch", broken)
     assert group.append(uuid.uuid4(), _ref(0), [_event(0)], _now()) is None
 
@@ -207,7 +207,7 @@ def test_a_run_is_never_twice_in_one_batch(monkeypatch: Any) -> None:
     group = GroupCommit(Settings(enabled=True, min_rate=0, max_events=64, max_wait_s=0.2))
     recorder = _Recorder()
     monkeypatch.setattr(group_commit, "write_batch", recorder)
-    monkeypatch.setattr(group_commit, "_can_batch", lambda: True)
+    monkeypatch.setattr(group_commit, "_can_batch", lambda conn: True)
     ref = _ref(0)
     results: list[Any] = []
     barrier = threading.Barrier(2)
@@ -230,7 +230,7 @@ def test_below_the_threshold_each_append_is_direct_and_above_it_batched(
 ) -> None:
     group = GroupCommit(Settings(enabled=True, min_rate=1000, max_events=64, max_wait_s=0.0))
     monkeypatch.setattr(group_commit, "write_batch", _Recorder())
-    monkeypatch.setattr(group_commit, "_can_batch", lambda: True)
+    monkeypatch.setattr(group_commit, "_can_batch", lambda conn: True)
     ref = _ref(0)
     assert group.append(uuid.uuid4(), ref, [_event(0)], _now()) is None  # slow: direct
     deadline = time.monotonic() + 5
