@@ -492,8 +492,8 @@ def finalize_entry(
     return run, event_rows(tenant_id, ref.run_id, stored, stamp)
 
 
-def _json(value: Any) -> str:
-    return json.dumps(value, separators=(",", ":"), ensure_ascii=False)
+# json.dumps with these arguments would build an encoder at every call.
+_json = json.JSONEncoder(separators=(",", ":"), ensure_ascii=False).encode
 
 
 def prepared(tenant_id: uuid.UUID, ref: RunRef, events: Sequence[Event], now: datetime) -> _Append:
