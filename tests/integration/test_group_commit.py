@@ -404,6 +404,36 @@ def test_an_append_returns_only_once_its_events_are_committed(tenant: Any, commi
 
 
 @pytest.mark.postgres_only  # the shared transactions are PostgreSQL's; elsewhere: direct
+def test_an_append_looks_up_its_threads_connection_once_per_function(
+    tenant: Any, committer: Any, monkeypatch: Any
+) -> None:
+    """Django's ``connection`` proxy looks the thread's connection up at every attribute
+    read through it (about 5 µs each, several times an append before): the append and the
+    batch's write each look it up once."""
+    from django.utils.connection import BaseConnectionHandler
+
+    from workflows.store.storage import DjangoStorage
+
+    group = committer(min_rate=0)
+    assert group is not None
+    [ref] = _claimed_runs(tenant, 1, "gc")
+    storage = DjangoStorage(tenant.id)
+    lookups: list[str] = []
+    real = BaseConnectionHandler.__getitem__
+
+    def counted(handler: Any, alias: str) -> Any:
+        lookups.append(alias)
+        return real(handler, alias)
+
+    with monkeypatch.context() as patched:
+        patched.setattr(BaseConnectionHandler, "__getitem__", counted)
+        storage.append_events(ref, [_event(0)])
+    assert group.totals["batched"] == 1
+    assert lookups == ["default", "default"]  # the append's, the batch's write's
+    assert _stored_steps(tenant, ref.run_id) == [0]
+
+
+@pytest.mark.postgres_only  # the shared transactions are PostgreSQL's; elsewhere: direct
 def test_a_batch_the_database_refuses_is_written_directly(
     tenant: Any, committer: Any, monkeypatch: Any
 ) -> None:

@@ -215,9 +215,10 @@ def _claim_and_load(
     the next one falls due (``due_args``: the queues, the tenant, the claim's limit); None
     where one message cannot carry them (inside a transaction -- the message must be a
     transaction of its own -- or with server-side binding)."""
-    if connection.in_atomic_block or not connection.get_autocommit():
+    conn = connections[DEFAULT_DB_ALIAS]  # once: each read through the proxy looks it up
+    if conn.in_atomic_block or not conn.get_autocommit():
         return None
-    with connection.cursor() as cursor:
+    with conn.cursor() as cursor:
         if not client_side_binding(cursor):
             return None
         cursor.execute(statement, [*args, worker_id, worker_id, *due_args])
