@@ -1171,6 +1171,18 @@ def print_table(
 _SERVER_VERSION = "?"
 
 
+def cpu_reference_ms(steps: int = 5_000_000) -> float:
+    """The machine's speed for Python code in this run: the milliseconds of one pure-Python
+    loop of ``steps`` additions. The figures of CPU-bound work (a step's worker CPU, the
+    drain, python_bench's steps) move with it, as the commit-bound ones move with pgbench's
+    rate (bench/README.md, twenty-seventh pass)."""
+    started = time.perf_counter()
+    total = 0
+    for i in range(steps):
+        total += i
+    return (time.perf_counter() - started) * 1000
+
+
 def _load() -> str:
     """The 1/5/15-minute load average: other processes on the machine skew every figure."""
     try:
@@ -1334,6 +1346,7 @@ def main(argv: Sequence[str] | None = None) -> None:
         f"synchronous_commit={server.setting('synchronous_commit')}, "
         f"fsync={server.setting('fsync')}; load average {_load()}; logs in {logdir}"
     )
+    print(f"CPU reference: a 5,000,000-step Python loop in {cpu_reference_ms():,.0f} ms")
     cleat_runs: list[Throughput] = []
     python_runs: list[Throughput] = []
     dbos_runs: list[Throughput] = []
