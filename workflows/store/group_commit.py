@@ -401,10 +401,16 @@ def _connection() -> BaseDatabaseWrapper:
     return connections[DEFAULT_DB_ALIAS]
 
 
+def outside_transaction(conn: BaseDatabaseWrapper) -> bool:
+    """``conn`` is in no transaction, so a statement sent on it is one of its own: what a
+    one-message write, a one-call finalize or the claim's one-message load requires."""
+    return not conn.in_atomic_block and conn.get_autocommit()
+
+
 def _can_batch(conn: BaseDatabaseWrapper) -> bool:
     """The statements exist on ``conn``'s database (PostgreSQL) and the connection is
     outside a transaction (the batch is one transaction of its own)."""
-    return "append_events" in queries(conn) and not conn.in_atomic_block and conn.get_autocommit()
+    return "append_events" in queries(conn) and outside_transaction(conn)
 
 
 def write_batch(batch: Sequence[_Append]) -> set[str]:
@@ -658,6 +664,7 @@ __all__ = [
     "finalize_runs",
     "finalizer",
     "next_mode",
+    "outside_transaction",
     "reset",
     "suspend",
     "suspender",

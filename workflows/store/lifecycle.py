@@ -216,7 +216,7 @@ def _claim_and_load(
     where one message cannot carry them (inside a transaction -- the message must be a
     transaction of its own -- or with server-side binding)."""
     conn = connections[DEFAULT_DB_ALIAS]  # once: each read through the proxy looks it up
-    if conn.in_atomic_block or not conn.get_autocommit():
+    if not group_commit.outside_transaction(conn):
         return None
     with conn.cursor() as cursor:
         if not client_side_binding(cursor):
@@ -385,7 +385,7 @@ def _load_in_one_message(claim: Claim, worker_id: str) -> tuple[bool, LoadedRun 
     transaction with client-side binding; (False, None) where that does not apply."""
     conn = connections[DEFAULT_DB_ALIAS]
     load_sql = queries(conn).get("load_run")
-    if load_sql is None or conn.in_atomic_block or not conn.get_autocommit():
+    if load_sql is None or not group_commit.outside_transaction(conn):
         return False, None
     fence = [str(claim.tenant_id), str(claim.id), claim.generation, worker_id]
     with conn.cursor() as cursor:
@@ -649,7 +649,7 @@ def _wait_in_one_message(
     ):
         return False
     conn = connections[DEFAULT_DB_ALIAS]
-    if "finalize_wait" not in queries(conn) or conn.in_atomic_block or not conn.get_autocommit():
+    if "finalize_wait" not in queries(conn) or not group_commit.outside_transaction(conn):
         return False
     now_ms, policy = _ms(now), _wait_policy()
     waiting = lifecycle.suspension(outcome, policy, now_ms, False)
@@ -734,8 +734,7 @@ def completion_entry(
         or result.consumed_signals
         or result.applied_updates
         or "finalize_done" not in queries(conn)
-        or conn.in_atomic_block
-        or not conn.get_autocommit()
+        or not group_commit.outside_transaction(conn)
         or not contiguous(result.new_events)
     ):
         return None
