@@ -254,9 +254,9 @@ def main(argv: Sequence[str] | None = None) -> None:
         f"python {platform.python_version()}, wasmtime {WASMTIME_VERSION}, "
         f"{os.cpu_count()} CPUs, load average {' '.join(f'{x:.1f}' for x in os.getloadavg())}"
     )
-    from bench.store_bench import cpu_reference_ms
+    from bench.store_bench import cpu_reference_line
 
-    print(f"CPU reference: a 5,000,000-step Python loop in {cpu_reference_ms():,.0f} ms")
+    print(cpu_reference_line())
     wasm, built = build_steps_component()
     how = "from the build cache" if built["cached"] else f"built in {built['seconds']:.0f} s"
     print(f"component: {len(wasm) / 1e6:.1f} MB, {how} (key {built['key']})")

@@ -1171,7 +1171,7 @@ def print_table(
 _SERVER_VERSION = "?"
 
 
-def cpu_reference_ms(steps: int = 5_000_000) -> float:
+def cpu_reference_ms(steps: int) -> float:
     """The machine's speed for Python code in this run: the milliseconds of one pure-Python
     loop of ``steps`` additions. The figures of CPU-bound work (a step's worker CPU, the
     drain, python_bench's steps) move with it, as the commit-bound ones move with pgbench's
@@ -1181,6 +1181,11 @@ def cpu_reference_ms(steps: int = 5_000_000) -> float:
     for i in range(steps):
         total += i
     return (time.perf_counter() - started) * 1000
+
+
+def cpu_reference_line(steps: int = 5_000_000) -> str:
+    """The benches' line for :func:`cpu_reference_ms`."""
+    return f"CPU reference: a {steps:,}-step Python loop in {cpu_reference_ms(steps):,.0f} ms"
 
 
 def _load() -> str:
@@ -1346,7 +1351,7 @@ def main(argv: Sequence[str] | None = None) -> None:
         f"synchronous_commit={server.setting('synchronous_commit')}, "
         f"fsync={server.setting('fsync')}; load average {_load()}; logs in {logdir}"
     )
-    print(f"CPU reference: a 5,000,000-step Python loop in {cpu_reference_ms():,.0f} ms")
+    print(cpu_reference_line())
     cleat_runs: list[Throughput] = []
     python_runs: list[Throughput] = []
     dbos_runs: list[Throughput] = []

@@ -52,7 +52,7 @@ from bench.store_bench import (
     Server,
     ServerCounters,
     children_cpu_seconds,
-    cpu_reference_ms,
+    cpu_reference_line,
     database_cpu_seconds,
     pgbench_inserts,
     process_cpu_seconds,
@@ -564,7 +564,7 @@ def main() -> int:
             finally:
                 server.drop("cleat_bench_waiting_pgbench")
         print(f"pgbench, one client, one-row INSERTs: {tps:,.0f} tps (this run's machine)")
-    print(f"CPU reference: a 5,000,000-step Python loop in {cpu_reference_ms():,.0f} ms")
+    print(cpu_reference_line())
     with tempfile.TemporaryDirectory(prefix="cleat-waiting-bench-") as logdir:
         cleat = Cleat(server, "cleat_bench_waiting", 60, Path(logdir))
         cleat.prepare()
