@@ -240,10 +240,7 @@ class CallOps(ReplayCore):
             finally:
                 for future in futures:
                     future.cancel()
-                spent = time.monotonic() - started
-                self.io_seconds += spent
-                if self._backend is not None:
-                    self._backend.refresh_deadline(spent)
+                self._give_back(time.monotonic() - started)
         return replies
 
     # --- calls that run as tasks (engine.services.TaskService) ---
@@ -753,9 +750,7 @@ class CallOps(ReplayCore):
                 result = CallResult(AbiStatus.OK, json.dumps(chunks, separators=(",", ":")))
             except Exception as exc:
                 result = CallResult(AbiStatus.ERROR, f"{type(exc).__name__}: {exc}")
-        spent = time.monotonic() - started
-        self.io_seconds += spent
-        self.backend.refresh_deadline(spent)
+        self._give_back(time.monotonic() - started)
         event = self._record(self._plugin_event(self.step, plugin, function, input, True, result))
         return Reply(event.status, event.output if event.status == AbiStatus.OK else event.error)
 

@@ -94,6 +94,33 @@ from engine.tracing import traced_call
 log = logging.getLogger("cleat.engine")
 
 
+class _GivenBack:
+    """A segment's storage: each call's time is given back to the segment's deadline
+    (``give_back``), as a service call's is, so that a slow database does not use up the
+    guest's budget (a commit's wait before each call, a state change's transaction). Each
+    method is wrapped at its first use in the segment."""
+
+    def __init__(self, storage: WorkflowStorage, give_back: Callable[[float], None]) -> None:
+        self._storage = storage
+        self._give_back = give_back
+
+    def __getattr__(self, name: str) -> Any:
+        found = getattr(self._storage, name)
+        if not callable(found):
+            return found
+        give_back = self._give_back
+
+        def timed(*args: Any, **kwargs: Any) -> Any:
+            started = time.monotonic()
+            try:
+                return found(*args, **kwargs)
+            finally:
+                give_back(time.monotonic() - started)
+
+        self.__dict__[name] = timed  # later uses find it without __getattr__
+        return timed
+
+
 class Reply(NamedTuple):
     """The contents of a packed buffer: a status byte and a UTF-8 payload."""
 
@@ -210,7 +237,8 @@ class ReplayCore:
     ) -> None:
         self.run = run
         self.ref = run.ref
-        self.storage = storage
+        # Every storage call's wait is given back to the deadline, as a service call's is.
+        self.storage: WorkflowStorage = _GivenBack(storage, self._give_back)
         self.services = services
         self.config = config
         self.clock = clock or (lambda: int(time.time() * 1000))
@@ -386,10 +414,14 @@ class ReplayCore:
         try:
             return service_result(fn)
         finally:
-            spent = time.monotonic() - started
-            self.io_seconds += spent
-            if self._backend is not None:
-                self._backend.refresh_deadline(spent)
+            self._give_back(time.monotonic() - started)
+
+    def _give_back(self, spent: float) -> None:
+        """Give ``spent`` seconds a host call waited (on a service, on storage) back to the
+        segment's deadline: the budget bounds the guest's own work."""
+        self.io_seconds += spent
+        if self._backend is not None:
+            self._backend.refresh_deadline(spent)
 
     def _suspend(self, wait: WaitCondition) -> Suspend:
         return Suspend(wait)

@@ -386,6 +386,66 @@ def test_deadline_does_not_count_time_spent_in_services(make_runtime: Any) -> No
     assert service.calls == 2
 
 
+SLOW_STATE_WAT = """(module
+  (import "env" "set_state" (func $set (param i32 i32 i32 i32) (result i64)))
+  (memory (export "memory") 1)
+  (global $heap (mut i32) (i32.const 1024))
+  (data (i32.const 100) "k")
+  (data (i32.const 110) "\\"v\\"")
+  (data (i32.const 120) "\\00{}")
+  (func (export "cleat_alloc") (param $n i32) (result i32)
+    (local $p i32)
+    (local.set $p (global.get $heap))
+    (global.set $heap (i32.add (global.get $heap) (local.get $n)))
+    (local.get $p))
+  (func (export "run") (param i32 i32) (result i64)
+    (local $i i32)
+    (drop (call $set (i32.const 100) (i32.const 1) (i32.const 110) (i32.const 3)))
+    (drop (call $set (i32.const 100) (i32.const 1) (i32.const 110) (i32.const 3)))
+    (loop $spin
+      (local.set $i (i32.add (local.get $i) (i32.const 1)))
+      (br_if $spin (i32.lt_u (local.get $i) (i32.const 30000000))))
+    ;; the packed buffer at 120 (an OK status byte, then {}): (120 << 32) | 3
+    (i64.const 515396075523)))"""
+
+
+def slowed(env: WorkflowEnvironment, name: str, seconds: float) -> list[float]:
+    """Make ``env``'s storage method ``name`` sleep ``seconds`` at each call; the list
+    collects one entry per call."""
+    real = getattr(env.storage, name)
+    calls: list[float] = []
+
+    def slow(*args: Any, **kwargs: Any) -> Any:
+        calls.append(seconds)
+        time.sleep(seconds)
+        return real(*args, **kwargs)
+
+    setattr(env.storage, name, slow)
+    return calls
+
+
+def test_deadline_does_not_count_time_spent_waiting_on_storage(make_runtime: Any) -> None:
+    """A slow database is not the guest's work either: the commit a call waits for before
+    it goes out, and a state change's transaction, each 0.4 s under a 0.3 s deadline, are
+    given back as a service's time is, and the runs complete."""
+    rt = make_runtime(segment_timeout_s=0.3, epoch_tick_s=0.01)
+    env = WorkflowEnvironment(services={"slow": SlowService(0.0)}, runtime=rt)
+    # tens of milliseconds of guest work after the calls: enough to meet a deadline that
+    # counted the waits, well within one that does not
+    spinning = SLOW_CALLS_WAT.replace("(i32.const 10000)", "(i32.const 30000000)")
+    env.deploy("calls", wasmtime.wat2wasm(spinning))
+    env.deploy("state", wasmtime.wat2wasm(SLOW_STATE_WAT))
+    appends = slowed(env, "append_events", 0.4)
+    changes = slowed(env, "apply", 0.4)
+    calls = env.run("calls")
+    assert env.describe(calls)["status"] == "done", env.describe(calls)["error"]
+    assert env.result(calls) == {"slept": 2}
+    assert appends, "the first call's event should be written before the second goes out"
+    state = env.run("state")
+    assert env.describe(state)["status"] == "done", env.describe(state)["error"]
+    assert len(changes) == 2
+
+
 def test_disk_cache_keeps_the_most_recently_used_within_its_budget(
     make_runtime: Any, tmp_path: Path
 ) -> None:
