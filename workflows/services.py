@@ -46,6 +46,7 @@ from workflows.models import (
 )
 from workflows.policies import require_signal_auth
 from workflows.store import wake
+from workflows.store.columns import create_run
 from workflows.store.lifecycle import (
     close_instance,
     forget_failed_call,
@@ -266,7 +267,7 @@ def start_workflow(
                 tracing.start_span(traceparent, attributes) as span,
                 transaction.atomic() if idempotency_key else contextlib.nullcontext(),
             ):
-                instance = WorkflowInstance.objects.create(
+                instance = create_run(
                     id=run_id,
                     tenant=tenant,
                     workflow_id=workflow_id or str(run_id),

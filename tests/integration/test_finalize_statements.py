@@ -32,7 +32,7 @@ from workflows.models import (
     WorkflowInstance,
 )
 from workflows.store import wake
-from workflows.store.columns import LOCKED_COLUMNS
+from workflows.store.columns import INSTANCE_COLUMNS, LOCKED_COLUMNS, create_run
 from workflows.store.sql import queries
 from workflows.store.storage import DjangoStorage
 from workflows.tenancy import tenant_context
@@ -196,6 +196,88 @@ def test_the_locked_save_leaves_other_instances_to_the_orm(
             post_save.disconnect(listener, sender=WorkflowInstance)
         assert heard == [locked.pk]
         assert WorkflowInstance.objects.get(id=run).error == "heard"
+
+
+def _new_run(tenant: Tenant, definition_of: str, now: Any, **extra: Any) -> WorkflowInstance:
+    """A run made as a start makes it (not saved): every kind of column set -- JSON, times,
+    sealed text, a foreign key given as an object."""
+    definition = WorkflowInstance.objects.get(id=definition_of).definition
+    run_id = uuid.uuid4()
+    return WorkflowInstance(
+        id=run_id,
+        tenant=tenant,
+        workflow_id=str(run_id),
+        definition=definition,
+        definition_name=definition.name,
+        definition_version=definition.version,
+        entry_point="run",
+        input='{"n": "ünï"}',
+        priority=7,
+        task_queue="inserts",
+        allowed_signals=["go"],
+        trace_id="0af7651916cd43dd8448eb211c80319c",
+        next_wake_at=now,
+        created_at=now,
+        **extra,
+    )
+
+
+def test_the_insert_writes_what_the_orms_insert_writes(
+    tenant: Tenant, start: Callable[[], str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Two new runs, the same values: one inserted by the statement built once, the other
+    by the ORM's create. The rows then hold the same values in every column (but each run's
+    own id, workflow id and save time); the statement was one INSERT of every column."""
+    model = start()
+    now = timezone.now()
+    with tenant_context(tenant.id):
+        fast = _new_run(tenant, model, now, continued_from_id=uuid.UUID(model))
+        orm = _new_run(tenant, model, now)
+        with CaptureQueriesContext(connection) as captured, monkeypatch.context() as patched:
+            patched.setattr(WorkflowInstance, "save", lambda *a, **k: pytest.fail("ORM save"))
+            INSTANCE_COLUMNS.insert(fast)
+        orm.save(force_insert=True)
+        assert len(captured.captured_queries) == 1
+        statement = captured.captured_queries[0]["sql"]
+        assert statement.lstrip().upper().startswith("INSERT")
+        for field in INSTANCE_COLUMNS.fields:
+            assert connection.ops.quote_name(field.column) in statement, field.column
+        assert not fast._state.adding and fast._state.db == connection.alias
+        written, expected = _row(str(fast.id)), _row(str(orm.id))
+        assert written.pop("continued_from_id") == uuid.UUID(model)
+        expected.pop("continued_from_id")
+        assert written == expected
+        stored = WorkflowInstance.objects.get(id=fast.id)
+        assert stored.input == '{"n": "ünï"}' and stored.allowed_signals == ["go"]
+        assert stored.updated_at == fast.updated_at  # auto_now, written as made
+
+
+def test_the_insert_leaves_runs_with_save_listeners_to_the_orm(
+    tenant: Tenant, start: Callable[[], str]
+) -> None:
+    """With a listener to the model's save signals the ORM inserts the run, and the
+    listener hears it; a start then still makes its run."""
+    model = start()
+    heard: list[Any] = []
+
+    def listener(sender: Any, instance: Any, created: bool, **kwargs: Any) -> None:
+        heard.append((instance.pk, created))
+
+    post_save.connect(listener, sender=WorkflowInstance)
+    try:
+        with tenant_context(tenant.id):
+            run = create_run(
+                **{
+                    f.attname: getattr(_new_run(tenant, model, timezone.now()), f.attname)
+                    for f in INSTANCE_COLUMNS.fields
+                }
+            )
+        started = start()
+    finally:
+        post_save.disconnect(listener, sender=WorkflowInstance)
+    assert heard == [(run.pk, True), (uuid.UUID(started), True)]
+    with tenant_context(tenant.id):
+        assert WorkflowInstance.objects.filter(id__in=[run.pk, started]).count() == 2
 
 
 def test_the_locked_save_of_a_vanished_row_raises(tenant: Tenant, start: Callable[[], str]) -> None:

@@ -58,7 +58,7 @@ from workflows.models import (
     checkpoint_state,
 )
 from workflows.store import compaction, group_commit, task_calls, wake
-from workflows.store.columns import INSTANCE_COLUMNS, LOCKED_COLUMNS
+from workflows.store.columns import INSTANCE_COLUMNS, LOCKED_COLUMNS, create_run
 from workflows.store.group_commit import contiguous
 from workflows.store.sql import array_literal, queries
 from workflows.store.storage import (
@@ -871,7 +871,7 @@ def _successor(
         definition = WorkflowDefinition.objects.get(
             tenant_id=instance.tenant_id, name=instance.definition_name, version=spec.version
         )
-    successor = WorkflowInstance.objects.create(
+    successor = create_run(
         tenant_id=instance.tenant_id,
         workflow_id=instance.workflow_id,
         definition=definition,

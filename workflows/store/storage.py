@@ -84,7 +84,7 @@ from workflows.models import (
 )
 from workflows.policies import quotas_for, require_signal_auth
 from workflows.store import crons, group_commit, wake
-from workflows.store.columns import LOCKED_COLUMNS
+from workflows.store.columns import LOCKED_COLUMNS, create_run
 from workflows.store.group_commit import contiguous
 from workflows.store.sql import array_literal, queries
 from workflows.tenancy import tenant_context
@@ -514,7 +514,7 @@ class DjangoStorage:
         else:
             definition = resolve_detached_definition(self.tenant_id, name)
         parent_row = WorkflowInstance.objects.filter(id=ref.run_id).values("task_queue").first()
-        WorkflowInstance.objects.create(
+        create_run(
             id=run_id,
             tenant_id=self.tenant_id,
             workflow_id=run_id,

@@ -80,4 +80,21 @@ def update_by_key(connection: Any, table: str, columns: Sequence[str], key: str)
     return f"UPDATE {quote(table)} SET {assignments} WHERE {quote(key)} = %s"
 
 
-__all__ = ["DIALECT_MODULES", "array_literal", "loader", "queries", "update_by_key"]
+def insert_row(connection: Any, table: str, columns: Sequence[str]) -> str:
+    """``INSERT INTO table (column, ...) VALUES (%s, ...)``, each name quoted as
+    ``connection``'s database quotes it: the one statement written here for every dialect
+    (``store.columns.RowColumns.insert``, a new run's row)."""
+    quote = connection.ops.quote_name
+    names = ", ".join(quote(column) for column in columns)
+    values = ", ".join(["%s"] * len(columns))
+    return f"INSERT INTO {quote(table)} ({names}) VALUES ({values})"
+
+
+__all__ = [
+    "DIALECT_MODULES",
+    "array_literal",
+    "insert_row",
+    "loader",
+    "queries",
+    "update_by_key",
+]
