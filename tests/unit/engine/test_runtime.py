@@ -25,6 +25,7 @@ from engine.services import Services
 from engine.session import RunInfo
 from engine.storage import RunRef
 from engine.testing import VirtualClock, WorkflowEnvironment
+from tests.fixtures.wat import Wat
 
 RESULT = '{"n":NUM}'
 
@@ -386,27 +387,15 @@ def test_deadline_does_not_count_time_spent_in_services(make_runtime: Any) -> No
     assert service.calls == 2
 
 
-SLOW_STATE_WAT = """(module
-  (import "env" "set_state" (func $set (param i32 i32 i32 i32) (result i64)))
-  (memory (export "memory") 1)
-  (global $heap (mut i32) (i32.const 1024))
-  (data (i32.const 100) "k")
-  (data (i32.const 110) "\\"v\\"")
-  (data (i32.const 120) "\\00{}")
-  (func (export "cleat_alloc") (param $n i32) (result i32)
-    (local $p i32)
-    (local.set $p (global.get $heap))
-    (global.set $heap (i32.add (global.get $heap) (local.get $n)))
-    (local.get $p))
-  (func (export "run") (param i32 i32) (result i64)
-    (local $i i32)
-    (drop (call $set (i32.const 100) (i32.const 1) (i32.const 110) (i32.const 3)))
-    (drop (call $set (i32.const 100) (i32.const 1) (i32.const 110) (i32.const 3)))
-    (loop $spin
+def slow_state_module() -> bytes:
+    """Two state changes, then tens of milliseconds of guest work (as the spinning calls')."""
+    w = Wat()
+    change = f"(drop (call $set_state {w.s('k')} {w.js('v')}))"
+    spin = """(loop $spin
       (local.set $i (i32.add (local.get $i) (i32.const 1)))
-      (br_if $spin (i32.lt_u (local.get $i) (i32.const 30000000))))
-    ;; the packed buffer at 120 (an OK status byte, then {}): (120 << 32) | 3
-    (i64.const 515396075523)))"""
+      (br_if $spin (i32.lt_u (local.get $i) (i32.const 30000000))))"""
+    w.run(f"{change}\n{change}\n{spin}\n(call $finish)", locals="$i i32")
+    return w.wasm()
 
 
 def slowed(env: WorkflowEnvironment, name: str, seconds: float) -> list[float]:
@@ -434,7 +423,7 @@ def test_deadline_does_not_count_time_spent_waiting_on_storage(make_runtime: Any
     # counted the waits, well within one that does not
     spinning = SLOW_CALLS_WAT.replace("(i32.const 10000)", "(i32.const 30000000)")
     env.deploy("calls", wasmtime.wat2wasm(spinning))
-    env.deploy("state", wasmtime.wat2wasm(SLOW_STATE_WAT))
+    env.deploy("state", slow_state_module())
     appends = slowed(env, "append_events", 0.4)
     changes = slowed(env, "apply", 0.4)
     calls = env.run("calls")
