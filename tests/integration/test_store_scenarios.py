@@ -542,6 +542,26 @@ def test_postgres_claim_commits_without_waiting_for_its_wal_and_nothing_after_it
 
 
 @pytest.mark.postgres_only
+def test_postgres_a_loads_columns_are_read_by_name_and_a_missing_one_is_named() -> None:
+    """A load's first statement brings the run's row whole, in the table's column order:
+    it is read in the model's order by the columns' names, whatever order they come in; a
+    column the result lacks (a table that disagrees with the model) is an error naming it."""
+    from django.db import DatabaseError, connection
+
+    from workflows.store import lifecycle
+
+    names = [name.decode() for name in lifecycle._LOADED_NAMES]
+    backwards = ", ".join(f'{i} AS "{name}"' for i, name in reversed(list(enumerate(names))))
+    with connection.cursor() as cursor:
+        cursor.execute(f"SELECT {backwards} UNION ALL SELECT {backwards}")
+        rows = lifecycle._in_model_order(cursor, cursor.fetchall())
+        assert rows == [tuple(range(len(names)))] * 2
+        cursor.execute('SELECT 1 AS "id", 2 AS "sha256"')
+        with pytest.raises(DatabaseError, match="no column tenant_id, workflow_id"):
+            lifecycle._in_model_order(cursor, cursor.fetchall())
+
+
+@pytest.mark.postgres_only
 def test_postgres_claim_with_its_loads_reads_what_each_load_reads(
     make_env: Any, other_tenant: Any, monkeypatch: pytest.MonkeyPatch
 ) -> None:

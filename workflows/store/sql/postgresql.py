@@ -25,7 +25,7 @@ from workflows.models import (
     WorkflowInstance,
 )
 from workflows.rls import DISPATCHER_ROLE
-from workflows.store.columns import INSTANCE_COLUMNS, LOCKED_COLUMNS
+from workflows.store.columns import LOCKED_COLUMNS
 from workflows.store.wake import NOTIFY_CHANNEL
 from workflows.tenancy import TENANT_SETTING
 
@@ -163,13 +163,13 @@ LOAD_SIGNATURES = (
 )
 
 
-# What a load's first statement selects from its function's row ``l``, in the order
-# store.lifecycle reads it: the instance's columns (store.columns.INSTANCE_COLUMNS), then the
-# definition's (the one-run load and the claim's loads alike).
-_LOADED_COLUMNS = (
-    ", ".join(f'(l.i)."{f.column}"' for f in INSTANCE_COLUMNS.fields)
-    + ", l.sha256, l.max_history_length, l.min_version"
-)
+# What a load's first statement selects from its function's row ``l`` (the one-run load and
+# the claim's loads alike): the instance's row whole, then the definition's columns.
+# ``(l.i).*`` comes in the table's column order, which store.lifecycle puts in the model's
+# (INSTANCE_COLUMNS) by the result's column names (``_in_model_order``): naming each of the
+# forty-odd columns, ``(l.i)."id", ...``, made the server resolve the row's type for each one
+# at every parse, about 0.1 ms of each claim's message (bench/README.md, twenty-eighth pass).
+_LOADED_COLUMNS = "(l.i).*, l.sha256, l.max_history_length, l.min_version"
 
 
 def _load_sql() -> str:
