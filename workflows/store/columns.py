@@ -73,6 +73,15 @@ class RowColumns:
         """Keep ``instance``'s values of these columns as the row holds them now."""
         instance.__dict__[_LOADED] = (self, {a: instance.__dict__[a] for a in self.attnames})
 
+    def _orm_writes_it(self) -> bool:
+        """What only the ORM's save() does as the ORM does it, whatever the instance: a
+        listener to the model's save signals, a field with its own placeholder."""
+        return (
+            pre_save.has_listeners(WorkflowInstance)
+            or post_save.has_listeners(WorkflowInstance)
+            or self._placeholders
+        )
+
     def insert(self, instance: WorkflowInstance) -> None:
         """``instance.save(force_insert=True)`` for a new run (a start, a child's, a
         successor's), by an INSERT whose text is built once per vendor instead of compiled
@@ -84,20 +93,14 @@ class RowColumns:
         or made by the database, a listener to the model's save signals, a field with its
         own placeholder, a value that is an expression -- the ORM inserts the instance."""
         conn = connections[DEFAULT_DB_ALIAS]
-        if (
-            not self._insertable
-            or not instance._state.adding
-            or pre_save.has_listeners(WorkflowInstance)
-            or post_save.has_listeners(WorkflowInstance)
-            or self._placeholders
-        ):
+        if not self._insertable or not instance._state.adding or self._orm_writes_it():
             instance.save(force_insert=True)
             return
         instance._prepare_related_fields_for_save(operation_name="save")
         values = []
         for field in self.fields:
             value = field.pre_save(instance, True)
-            if hasattr(value, "resolve_expression") or hasattr(value, "prepare_database_save"):
+            if _expression(value):
                 instance.save(force_insert=True)
                 return
             values.append(field.get_db_prep_save(value, conn))
@@ -134,9 +137,7 @@ class RowColumns:
             instance._state.adding
             or instance._state.db != conn.alias
             or instance.get_deferred_fields() != self._deferred
-            or pre_save.has_listeners(WorkflowInstance)
-            or post_save.has_listeners(WorkflowInstance)
-            or self._placeholders
+            or self._orm_writes_it()
         ):
             instance.save()
             return
@@ -151,7 +152,7 @@ class RowColumns:
                 if not isinstance(now, (dict, list)) and now == before[field.attname]:
                     continue
             value = field.pre_save(instance, False)
-            if hasattr(value, "resolve_expression") or hasattr(value, "prepare_database_save"):
+            if _expression(value):
                 instance.save()
                 return
             fields.append(field)
@@ -169,6 +170,12 @@ class RowColumns:
                 raise DatabaseError("Save with update_fields did not affect any rows.")
         if loaded is not None:  # saved: what changed is measured from here on
             self._remember(instance)
+
+
+def _expression(value: Any) -> bool:
+    """A field's value that the ORM's save() compiles (an expression) or takes from another
+    model instance, instead of writing it as a parameter."""
+    return hasattr(value, "resolve_expression") or hasattr(value, "prepare_database_save")
 
 
 # The instance's attribute that holds its values as loaded (RowColumns.instance).
